@@ -1,0 +1,41 @@
+"""Hypothesis profiles, registered in one place.
+
+- ``ci``: bounded so that the whole CPU suite stays well inside CI's time, while every
+  property still draws enough examples to reject every kept mutant.
+- ``dev``: the default; more examples, for a developer's run.
+- ``thorough``: many examples, for a nightly or the GPU gate.
+
+Select with ``pytest --hypothesis-profile NAME``.  Every profile prints the
+``@reproduce_failure`` blob of a failing example; the seed is printed by Hypothesis's
+pytest plugin (``--hypothesis-seed`` replays a run).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+_COMMON = dict(
+    deadline=None,  # kernels compile on first use; wall-clock deadlines would be noise
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+
+PROFILES = {
+    "ci": dict(max_examples=12, **_COMMON),
+    "dev": dict(max_examples=30, **_COMMON),
+    "thorough": dict(max_examples=200, **_COMMON),
+}
+
+
+def register_profiles() -> None:
+    for name, kwargs in PROFILES.items():
+        settings.register_profile(name, **kwargs)
+
+
+def examples(n_ci: int) -> int:
+    """Scale an example count chosen for the ci profile to the active profile."""
+    active = settings().max_examples
+    return max(1, round(n_ci * active / PROFILES["ci"]["max_examples"]))
+
+
+register_profiles()

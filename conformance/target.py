@@ -1,0 +1,162 @@
+"""The target protocol: what an implementation under test looks like, and how to load one.
+
+A *target* is any object (usually a module) that hands out implementations through
+factory functions with CS336 assignment 2 adapter names:
+
+    get_flashattention_autograd_function_pytorch()   -> autograd.Function class
+    get_flashattention_autograd_function_triton()    -> autograd.Function class
+    get_ddp_individual_parameters(module)            -> wrapped module     (2025)
+    ddp_individual_parameters_on_after_backward(model, optimizer)
+    get_ddp_bucketed(module, bucket_size_mb)         -> wrapped module     (2025)
+    ddp_bucketed_on_after_backward(model, optimizer)
+    ddp_bucketed_on_train_batch_start(model, optimizer)
+    get_ddp(module)                                  -> wrapped module     (2026)
+    ddp_on_after_backward(model, optimizer)
+    get_fsdp(module, compute_dtype=None), fsdp_on_after_backward(model, optimizer),
+    fsdp_gather_full_params(model)                                         (2026)
+    get_sharded_optimizer(params, optimizer_cls, **kwargs)                 (both)
+
+A factory that is missing, or that raises ``NotImplementedError``, means "not offered":
+the checks that need it are reported as not offered, never as passed or crashed.
+
+``load_target(spec)`` accepts a module path (``impl``), ``module:attr`` (an object whose
+attributes are the factories) or a path to a Python file (a student's
+``tests/adapters.py``).  The default target is this project's own ``impl``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+DEFAULT_TARGET = "impl"
+
+# Capability -> the factory names that provide it, in order of preference.
+ATTENTION_FACTORIES = {
+    "pytorch": "get_flashattention_autograd_function_pytorch",
+    "triton": "get_flashattention_autograd_function_triton",
+}
+ALL_FACTORY_NAMES = (
+    "get_flashattention_autograd_function_pytorch",
+    "get_flashattention_autograd_function_triton",
+    "get_ddp_individual_parameters",
+    "ddp_individual_parameters_on_after_backward",
+    "get_ddp_bucketed",
+    "ddp_bucketed_on_after_backward",
+    "ddp_bucketed_on_train_batch_start",
+    "get_ddp",
+    "ddp_on_after_backward",
+    "get_fsdp",
+    "fsdp_on_after_backward",
+    "fsdp_gather_full_params",
+    "get_sharded_optimizer",
+)
+
+
+class NotOffered(Exception):
+    """The target does not offer this capability (factory missing or NotImplementedError)."""
+
+
+@dataclass
+class Target:
+    """A loaded target: a name for reports and the object holding the factories."""
+
+    name: str
+    obj: Any
+    spec: str = ""
+
+    def has(self, factory_name: str) -> bool:
+        return callable(getattr(self.obj, factory_name, None))
+
+    def factory(self, factory_name: str) -> Callable[..., Any]:
+        """The factory, wrapped so that NotImplementedError becomes NotOffered."""
+        fn = getattr(self.obj, factory_name, None)
+        if not callable(fn):
+            raise NotOffered(f"target {self.name!r} has no {factory_name}()")
+
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except NotImplementedError as exc:
+                raise NotOffered(
+                    f"target {self.name!r}: {factory_name}() raised NotImplementedError"
+                    + (f" ({exc})" if str(exc) else "")
+                ) from None
+
+        call.__name__ = factory_name
+        return call
+
+    def call(self, factory_name: str, *args, **kwargs) -> Any:
+        return self.factory(factory_name)(*args, **kwargs)
+
+    def attention(self, flavour: str):
+        """The attention autograd.Function class of one flavour ('pytorch' or 'triton')."""
+        if flavour not in ATTENTION_FACTORIES:
+            raise ValueError(f"unknown attention flavour {flavour!r}; expected one of {sorted(ATTENTION_FACTORIES)}")
+        fn_cls = self.call(ATTENTION_FACTORIES[flavour])
+        if fn_cls is None:
+            raise NotOffered(f"target {self.name!r}: {ATTENTION_FACTORIES[flavour]}() returned None")
+        return fn_cls
+
+    def offered(self) -> dict[str, bool]:
+        return {name: self.has(name) for name in ALL_FACTORY_NAMES}
+
+
+def _import_file(path: Path):
+    """Import a Python file as a module.
+
+    If the file sits inside packages (``__init__.py`` up the tree), it is imported under
+    its dotted package name with the first non-package ancestor on ``sys.path``, so its
+    relative imports work.  Otherwise its own folder and that folder's parent go on
+    ``sys.path`` (so a ``tests/adapters.py`` next to the student's package imports it).
+    """
+    path = path.resolve()
+    parts = [path.stem]
+    root = path.parent
+    while (root / "__init__.py").exists():
+        parts.insert(0, root.name)
+        root = root.parent
+    for entry in (str(root), str(path.parent), str(path.parent.parent)):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    if len(parts) > 1:
+        return importlib.import_module(".".join(parts))
+    name = f"_conformance_target_{abs(hash(str(path)))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import target file {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_target(spec: str | None = None) -> Target:
+    """Load a target from a module path, ``module:attr`` or a file path."""
+    spec = spec or DEFAULT_TARGET
+    attr = None
+    candidate = Path(spec)
+    if spec.endswith(".py") or candidate.exists():
+        if not candidate.exists():
+            raise FileNotFoundError(f"--target file not found: {spec}")
+        obj = _import_file(candidate)
+        return Target(name=str(candidate), obj=obj, spec=spec)
+    if ":" in spec:
+        spec_module, attr = spec.split(":", 1)
+    else:
+        spec_module = spec
+    try:
+        module = importlib.import_module(spec_module)
+    except ImportError as exc:
+        raise ImportError(f"--target {spec!r}: cannot import module {spec_module!r}: {exc}") from exc
+    obj = module
+    if attr:
+        for piece in attr.split("."):
+            if not hasattr(obj, piece):
+                raise AttributeError(f"--target {spec!r}: {spec_module} has no attribute {attr!r}")
+            obj = getattr(obj, piece)
+    return Target(name=spec, obj=obj, spec=spec)

@@ -1,0 +1,99 @@
+"""Suite-wide options and fixtures.
+
+Options
+    --target SPEC         the implementation under test: a module (default ``impl``),
+                          ``module:attr``, or a path to a Python file (a CS336
+                          ``tests/adapters.py``).
+    --device auto|cpu|cuda
+                          where tensors live; ``auto`` picks CUDA when present.  On the
+                          CPU, Triton kernels run under the interpreter
+                          (TRITON_INTERPRET=1 is set here, before anything imports triton).
+    --hypothesis-profile ci|dev|thorough
+                          (Hypothesis's own option) example budgets; default ``dev``.
+
+A check whose target does not offer the capability is skipped with a reason starting
+"not offered:"; one that needs hardware this run lacks is skipped with "needs ...".
+Neither is ever reported as passed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _device_from_argv(argv) -> str:
+    for i, arg in enumerate(argv):
+        if arg == "--device" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--device="):
+            return arg.split("=", 1)[1]
+    return os.environ.get("SUITE_DEVICE", "auto")
+
+
+def _cuda_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# The interpreter must be chosen before the first `import triton`.
+if _device_from_argv(sys.argv) == "cpu" or (
+    _device_from_argv(sys.argv) == "auto" and not _cuda_present()
+):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+from conformance import profiles  # noqa: E402,F401  (registers the profiles)
+from conformance.target import NotOffered, load_target  # noqa: E402
+
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("conformance")
+    group.addoption("--target", default=None, help="implementation under test: module, module:attr, or file path (default: impl)")
+    group.addoption("--device", default="auto", choices=("auto", "cpu", "cuda"), help="device for tensors (default: auto)")
+
+
+def pytest_configure(config):
+    device = config.getoption("--device")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda: no CUDA device is visible")
+    # Child processes (distributed ranks, xdist workers) read these.
+    os.environ["SUITE_DEVICE"] = device
+    if config.getoption("--target"):
+        os.environ["SUITE_TARGET"] = config.getoption("--target")
+
+
+@pytest.fixture(scope="session")
+def device(request) -> torch.device:
+    choice = request.config.getoption("--device")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(choice)
+
+
+@pytest.fixture(scope="session")
+def target(request):
+    return load_target(request.config.getoption("--target"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A target that does not offer a capability is reported as not offered, not failed."""
+    try:
+        return (yield)
+    except NotOffered as exc:
+        pytest.skip(f"not offered: {exc}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    try:
+        return (yield)
+    except NotOffered as exc:
+        pytest.skip(f"not offered: {exc}")
