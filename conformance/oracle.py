@@ -123,6 +123,33 @@ def judge(
     return Verdict(name, float(diff.reshape(-1)[flat]), float(bound_e.reshape(-1)[flat]), eager_error, dtype, worst, nonfinite)
 
 
+def bound(ref64, eager, dtype, magnitude=None) -> torch.Tensor:
+    """The elementwise oracle bound around ``ref64`` (see the module docstring), on the CPU."""
+    eager_error = 0.0 if eager is None else max_abs_error(eager, ref64)
+    r = ref64.detach().to("cpu", torch.float64)
+    mag = r.abs() if magnitude is None else magnitude.detach().to("cpu", torch.float64).abs()
+    mag = torch.where(torch.isfinite(r), mag, torch.zeros_like(mag))
+    return FACTOR * eager_error + FLOOR_ULPS * eps(dtype) * mag
+
+
+def assert_within(name: str, a: torch.Tensor, b: torch.Tensor, tolerance: torch.Tensor) -> None:
+    """|a - b| <= tolerance elementwise (for metamorphic laws comparing two results)."""
+    a64 = a.detach().to("cpu", torch.float64)
+    b64 = b.detach().to("cpu", torch.float64)
+    if a64.shape != b64.shape:
+        raise AssertionError(f"{name}: shapes differ: {tuple(a64.shape)} vs {tuple(b64.shape)}")
+    diff = (a64 - b64).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    excess = diff - tolerance
+    if a64.numel() and bool((excess > 0).any()):
+        flat = int(torch.argmax(excess))
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a64.shape))
+        raise AssertionError(
+            f"{name}: |difference| {float(diff.reshape(-1)[flat]):.3e} > tolerance "
+            f"{float(tolerance.reshape(-1)[flat]):.3e} at index {idx}"
+        )
+
+
 def assert_close(name, actual, ref64, eager, dtype=None, magnitude=None) -> Verdict:
     verdict = judge(name, actual, ref64, eager, dtype, magnitude)
     if not verdict.ok:

@@ -140,7 +140,7 @@ def load_target(spec: str | None = None) -> Target:
     spec = spec or DEFAULT_TARGET
     attr = None
     candidate = Path(spec)
-    if spec.endswith(".py") or candidate.exists():
+    if spec.endswith(".py") or candidate.is_file():
         if not candidate.exists():
             raise FileNotFoundError(f"--target file not found: {spec}")
         obj = _import_file(candidate)

@@ -1,0 +1,183 @@
+"""Hypothesis strategies for attention cases, composed from small named pieces.
+
+A drawn ``AttentionCase`` is a description (shapes, dtype, flags, a seed); its tensors are
+made from the seed, so every example gets fresh random inputs, a failing example shrinks
+to small shapes, and its printed repr is enough to rebuild the inputs.
+
+Budgets differ by where the implementation runs: the Triton interpreter on the CPU is
+slow per program, so CPU cases stay small; on a GPU lengths go up to a few thousand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from hypothesis import strategies as st
+
+TILE_MULTIPLES = (16, 32, 64, 128)
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    batch: tuple[int, ...]  # leading dims: (B,) as in CS336, or (B, H)
+    n_q: int
+    n_k: int
+    d: int
+    dtype: torch.dtype
+    is_causal: bool
+    scale: float | None  # None: the implementation's default 1/sqrt(d)
+    value_scale: float  # q and k are drawn with this std; large values make huge scores
+    layout: str  # "contiguous", "transposed" ((B, N, H, d) storage seen as (B, H, N, d)), "strided"
+    seed: int
+
+    def __repr__(self) -> str:
+        return (
+            f"AttentionCase(batch={self.batch}, n_q={self.n_q}, n_k={self.n_k}, d={self.d}, "
+            f"dtype={DTYPE_NAMES.get(self.dtype, self.dtype)}, is_causal={self.is_causal}, scale={self.scale}, "
+            f"value_scale={self.value_scale}, layout={self.layout!r}, seed={self.seed})"
+        )
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else self.d**-0.5
+
+    def make(self, device, *, requires_grad: bool = True):
+        """(q, k, v, dO) in the case's dtype and layout on ``device``, plus a float64 copy of each.
+
+        The float64 copies are the rounded low-precision values, so the reference sees
+        exactly the inputs the implementation sees.
+        """
+        g = torch.Generator().manual_seed(self.seed)
+        sizes = {"q": self.n_q, "k": self.n_k, "v": self.n_k, "do": self.n_q}
+        stds = {"q": self.value_scale, "k": self.value_scale, "v": 1.0, "do": 1.0}
+        low, ref = {}, {}
+        for name, n in sizes.items():
+            x = (torch.randn(*self.batch, n, self.d, generator=g, dtype=torch.float64) * stds[name]).to(self.dtype)
+            ref[name] = x.to(torch.float64).to(device)
+            low[name] = x.to(device) if self.layout == "contiguous" else _lay_out_on(x, self.layout, device)
+        if requires_grad:
+            for name in ("q", "k", "v"):
+                low[name].requires_grad_(True)
+        return (low["q"], low["k"], low["v"], low["do"]), (ref["q"], ref["k"], ref["v"], ref["do"])
+
+
+def _lay_out_on(x: torch.Tensor, layout: str, device) -> torch.Tensor:
+    """The same values as x, stored non-contiguously on ``device``."""
+    if layout == "transposed" and x.dim() >= 4:
+        # storage (..., N, H, d); the view (..., H, N, d) has strides (.., d, H*d, 1)
+        storage = x.transpose(-3, -2).contiguous().to(device)
+        return storage.transpose(-3, -2)
+    # "strided" (or transposed with a single batch dim): every row padded to 2d, view the first d
+    padded = torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype)
+    padded[..., : x.shape[-1]] = x
+    padded[..., x.shape[-1] :] = float("nan")  # a kernel that reads the padding is caught
+    return padded.to(device)[..., : x.shape[-1]]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Upper limits on a drawn case, by where it runs."""
+
+    max_len: int
+    max_batch_elems: int
+    head_dims: tuple[int, ...]
+    dtypes: tuple[torch.dtype, ...]
+
+
+def budget_for(flavour: str, device: torch.device) -> Budget:
+    if device.type == "cuda":
+        return Budget(
+            max_len=1100,
+            max_batch_elems=8,
+            head_dims=(16, 32, 64, 128, 24, 80, 96, 256),
+            dtypes=(torch.float32, torch.float16, torch.bfloat16),
+        )
+    if flavour == "triton":  # the interpreter; bf16 tl.dot is broken there
+        return Budget(max_len=140, max_batch_elems=3, head_dims=(16, 32, 64, 24, 80), dtypes=(torch.float32, torch.float16))
+    return Budget(
+        max_len=200,
+        max_batch_elems=6,
+        head_dims=(16, 32, 64, 128, 24, 80),
+        dtypes=(torch.float32, torch.float16, torch.bfloat16),
+    )
+
+
+def lengths(max_len: int) -> st.SearchStrategy[int]:
+    """Sequence lengths, weighted towards just below, at and just above tile multiples."""
+    near_tiles = sorted({n for t in TILE_MULTIPLES for n in (t - 1, t, t + 1) if 1 <= n <= max_len})
+    return st.one_of(st.sampled_from([1, 2, 3] + near_tiles), st.integers(1, max_len))
+
+
+def batch_shapes(max_elems: int) -> st.SearchStrategy[tuple[int, ...]]:
+    one = st.integers(1, max_elems).map(lambda b: (b,))
+    two = st.tuples(st.integers(1, 2), st.integers(1, max(1, max_elems // 2)))
+    return st.one_of(one, two)
+
+
+def value_scales() -> st.SearchStrategy[float]:
+    # 1: ordinary; 4: peaked softmax; 12: scores in the hundreds, where exp without the
+    # running-max subtraction overflows even in fp32
+    return st.sampled_from([1.0, 1.0, 4.0, 12.0])
+
+
+def softmax_scales(allow_custom: bool) -> st.SearchStrategy[float | None]:
+    if not allow_custom:
+        return st.none()
+    return st.one_of(st.none(), st.none(), st.sampled_from([0.05, 0.3, 1.0]))
+
+
+@st.composite
+def attention_cases(
+    draw,
+    budget: Budget,
+    *,
+    causal: bool | None = None,
+    allow_custom_scale: bool = True,
+    min_batch_elems: int = 1,
+    dtypes: tuple[torch.dtype, ...] | None = None,
+    layouts: tuple[str, ...] = ("contiguous", "contiguous", "transposed", "strided"),
+) -> AttentionCase:
+    batch = draw(batch_shapes(budget.max_batch_elems).filter(lambda b: _numel(b) >= min_batch_elems))
+    return AttentionCase(
+        batch=batch,
+        n_q=draw(lengths(budget.max_len)),
+        n_k=draw(lengths(budget.max_len)),
+        d=draw(st.sampled_from(budget.head_dims)),
+        dtype=draw(st.sampled_from(dtypes or budget.dtypes)),
+        is_causal=draw(st.booleans()) if causal is None else causal,
+        scale=draw(softmax_scales(allow_custom_scale)),
+        value_scale=draw(value_scales()),
+        layout=draw(st.sampled_from(layouts)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def tiny_float64_cases() -> st.SearchStrategy[AttentionCase]:
+    """Tiny float64 cases for gradcheck (its cost grows with the number of inputs)."""
+    return st.builds(
+        AttentionCase,
+        batch=st.sampled_from([(1,), (2,)]),
+        n_q=st.integers(1, 9),
+        n_k=st.integers(1, 9),
+        d=st.sampled_from([2, 4, 8]),
+        dtype=st.just(torch.float64),
+        is_causal=st.booleans(),
+        scale=st.none(),
+        value_scale=st.just(1.0),
+        layout=st.just("contiguous"),
+        seed=st.integers(0, 2**31 - 1),
+    )
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def with_dtype(case: AttentionCase, dtype: torch.dtype) -> AttentionCase:
+    return replace(case, dtype=dtype)

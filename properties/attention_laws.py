@@ -1,0 +1,264 @@
+"""The laws every FlashAttention implementation must obey, written against the target protocol.
+
+Each law is a plain function ``law(attn, case, device)`` that raises AssertionError when
+the implementation ``attn`` (an autograd.Function class with
+``apply(q, k, v, is_causal[, scale])``) breaks it on ``case``.  ``LAWS`` lists them with
+the cases each one draws; ``check_law`` runs one under Hypothesis.  The same laws run
+against our ``impl``, any ``--target``, and every kept mutant.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+
+from conformance import oracle
+from conformance.strategies import AttentionCase, Budget, attention_cases, budget_for, tiny_float64_cases
+from impl.attention_reference import attention_reference
+
+
+# ---------------------------------------------------------------------------------------
+# Calling a target's attention and reading back what it saved
+# ---------------------------------------------------------------------------------------
+
+
+def accepts_scale(attn) -> bool:
+    """Whether attn.apply takes a softmax scale after is_causal (CS336's signature does not)."""
+    try:
+        params = list(inspect.signature(attn.forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return len(params) >= 6 or "scale" in params or "softmax_scale" in params
+
+
+def call(attn, q, k, v, case: AttentionCase):
+    if case.scale is None:
+        return attn.apply(q, k, v, case.is_causal)
+    return attn.apply(q, k, v, case.is_causal, case.scale)
+
+
+def saved_logsumexp(o: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The one tensor of shape q.shape[:-1] the implementation saved for backward."""
+    if o.grad_fn is None:
+        raise AssertionError("output has no grad_fn: the implementation is not an autograd.Function over q, k, v")
+    saved = [t for t in o.grad_fn.saved_tensors if tuple(t.shape) == tuple(q.shape[:-1])]
+    if len(saved) != 1:
+        shapes = [tuple(t.shape) for t in o.grad_fn.saved_tensors]
+        raise AssertionError(
+            f"expected exactly one saved tensor of shape {tuple(q.shape[:-1])} (the logsumexp L); saved: {shapes}"
+        )
+    return saved[0]
+
+
+def run_forward(attn, case: AttentionCase, device, inputs=None):
+    """O and L from the implementation, with uninitialised memory poisoned."""
+    (q, k, v, _), _ = inputs or case.make(device)
+    with oracle.poisoned_allocations(device):
+        o = call(attn, q, k, v, case)
+    return o, saved_logsumexp(o, q)
+
+
+@dataclass
+class References:
+    ref64: dict  # float64 reference of every quantity
+    eager: dict  # eager reference in the case's dtype
+    magnitudes: dict
+
+
+def references(case: AttentionCase, device, with_grads: bool) -> References:
+    (q, k, v, do), (q64, k64, v64, do64) = case.make(device)
+    ref = _eager_quantities(q64, k64, v64, do64, case, with_grads)
+    eager = _eager_quantities(q.detach(), k.detach(), v.detach(), do, case, with_grads)
+    mags = oracle.attention_magnitudes(q64, k64, v64, do64, case.is_causal, case.softmax_scale)
+    return References(ref, eager, mags)
+
+
+def _eager_quantities(q, k, v, do, case, with_grads):
+    q, k, v = (t.detach().clone().requires_grad_(with_grads) for t in (q, k, v))
+    with torch.enable_grad():
+        o, lse = attention_reference(q, k, v, case.is_causal, case.scale)
+        out = {"O": o.detach(), "L": lse.detach()}
+        if with_grads:
+            dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+            out.update(dQ=dq, dK=dk, dV=dv)
+    return out
+
+
+def _judge(name, actual, refs: References, key: str, case: AttentionCase):
+    oracle.assert_close(f"{name} {key}", actual, refs.ref64[key], refs.eager[key], case.dtype, refs.magnitudes[key])
+
+
+# ---------------------------------------------------------------------------------------
+# The laws
+# ---------------------------------------------------------------------------------------
+
+
+def forward_matches_float64_reference(attn, case: AttentionCase, device):
+    """O and L agree with the float64 reference within the oracle."""
+    o, lse = run_forward(attn, case, device)
+    refs = references(case, device, with_grads=False)
+    if o.dtype != case.dtype:
+        raise AssertionError(f"O has dtype {o.dtype}, expected the input dtype {case.dtype}")
+    _judge("forward", o, refs, "O", case)
+    _judge("forward", lse, refs, "L", case)
+
+
+def gradients_match_float64_reference(attn, case: AttentionCase, device):
+    """dQ, dK and dV agree with the float64 reference within the oracle."""
+    (q, k, v, do), _ = inputs = case.make(device)
+    with oracle.poisoned_allocations(device):
+        o = call(attn, q, k, v, case)
+        o.backward(do)
+    refs = references(case, device, with_grads=True)
+    for key, t in (("dQ", q), ("dK", k), ("dV", v)):
+        if t.grad is None:
+            raise AssertionError(f"backward produced no {key}")
+        _judge("backward", t.grad, refs, key, case)
+    del inputs
+
+
+def permuting_keys_and_values_together_leaves_output_unchanged(attn, case: AttentionCase, device):
+    """Without a causal mask attention is a function of the *set* of (key, value) pairs."""
+    case = replace(case, is_causal=False)
+    (q, k, v, _), _ = case.make(device)
+    perm = torch.randperm(case.n_k, generator=torch.Generator().manual_seed(case.seed))
+    note(f"key permutation: {perm.tolist()}")
+    with oracle.poisoned_allocations(device):
+        o_perm = call(attn, q, k[..., perm.to(k.device), :], v[..., perm.to(v.device), :], case)
+    refs = references(case, device, with_grads=False)
+    _judge("forward on permuted keys/values", o_perm, refs, "O", case)
+
+
+def causal_output_ignores_future_keys(attn, case: AttentionCase, device):
+    """Under causal masking, O[i] is bit-for-bit unchanged when keys/values after i change."""
+    case = replace(case, is_causal=True)
+    (q, k, v, _), _ = case.make(device)
+    i = (case.seed % max(1, min(case.n_q, case.n_k) - 1)) if min(case.n_q, case.n_k) > 1 else 0
+    note(f"rows 0..{i} must not see keys {i + 1}..{case.n_k - 1}")
+    g = torch.Generator().manual_seed(case.seed + 1)
+    k2, v2 = k.detach().clone(), v.detach().clone()
+    future = slice(i + 1, None)
+    k2[..., future, :] = (torch.randn(k2[..., future, :].shape, generator=g) * 10).to(k2)
+    v2[..., future, :] = (torch.randn(v2[..., future, :].shape, generator=g) * 10).to(v2)
+    with oracle.poisoned_allocations(device):
+        o1 = call(attn, q, k, v, case)
+        o2 = call(attn, q, k2, v2, case)
+    oracle.assert_bitwise_equal(f"O[..., :{i + 1}, :] after changing keys {i + 1}..", o2[..., : i + 1, :], o1[..., : i + 1, :])
+
+
+def batch_elements_are_independent(attn, case: AttentionCase, device):
+    """A batch computed at once equals its elements computed one by one (within the oracle)."""
+    (q, k, v, _), _ = case.make(device)
+    with oracle.poisoned_allocations(device):
+        o_all = call(attn, q, k, v, case).detach()
+    refs = references(case, device, with_grads=False)
+    tol = 2 * oracle.bound(refs.ref64["O"], refs.eager["O"], case.dtype, refs.magnitudes["O"])
+    flat_q, flat_k, flat_v = (t.detach().reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+    flat_o, flat_tol = o_all.reshape(-1, *o_all.shape[-2:]), tol.reshape(-1, *tol.shape[-2:])
+    for b in range(flat_q.shape[0]):
+        with oracle.poisoned_allocations(device):
+            o_b = call(attn, flat_q[b : b + 1], flat_k[b : b + 1], flat_v[b : b + 1], case).detach()
+        oracle.assert_within(f"batch element {b} alone vs in the batch", o_b[0], flat_o[b], flat_tol[b])
+
+
+def constant_values_give_constant_output(attn, case: AttentionCase, device):
+    """If every value row is the same vector c, every output row is c (softmax rows sum to 1)."""
+    (q, k, v, _), _ = case.make(device)
+    c = v.detach()[..., :1, :]
+    v_const = c.expand_as(v).contiguous()
+    with oracle.poisoned_allocations(device):
+        o = call(attn, q, k, v_const, case)
+    ref = c.to(torch.float64).expand(o.shape)
+    eager, _ = attention_reference(q.detach(), k.detach(), v_const, case.is_causal, case.scale)
+    oracle.assert_close("O with constant V", o, ref, eager, case.dtype)
+
+
+def logsumexp_is_row_logsumexp_and_at_least_row_max(attn, case: AttentionCase, device):
+    """L_i = log sum_j exp(S_ij) within the oracle, hence L_i >= max_j S_ij."""
+    o, lse = run_forward(attn, case, device)
+    refs = references(case, device, with_grads=False)
+    _, (q64, k64, _, _) = case.make(device, requires_grad=False)
+    from impl.attention_reference import attention_scores
+
+    row_max = attention_scores(q64, k64, case.is_causal, case.scale).amax(dim=-1)
+    slack = oracle.bound(refs.ref64["L"], refs.eager["L"], case.dtype, refs.magnitudes["L"])
+    below = (row_max.cpu() - lse.detach().double().cpu()) - slack
+    if bool((below > 0).any()):
+        idx = tuple(int(i) for i in torch.nonzero(below > 0)[0])
+        raise AssertionError(f"L{idx} = {float(lse.detach()[idx]):.6g} is below the row max score {float(row_max[idx]):.6g}")
+    _judge("forward", lse, refs, "L", case)
+
+
+def forward_is_bitwise_deterministic(attn, case: AttentionCase, device):
+    """Two calls on the same inputs give bit-identical O and L."""
+    (q, k, v, _), _ = case.make(device)
+    with oracle.poisoned_allocations(device):
+        o1 = call(attn, q, k, v, case)
+        l1 = saved_logsumexp(o1, q).clone()
+        o2 = call(attn, q, k, v, case)
+        l2 = saved_logsumexp(o2, q)
+    oracle.assert_bitwise_equal("O on a repeated call", o2, o1)
+    oracle.assert_bitwise_equal("L on a repeated call", l2, l1)
+
+
+def float64_gradcheck(attn, case: AttentionCase, device):
+    """Analytic gradients equal finite differences in float64 (torch.autograd.gradcheck)."""
+    (q, k, v, _), _ = case.make(device)
+    ok = torch.autograd.gradcheck(
+        lambda q_, k_, v_: call(attn, q_, k_, v_, case), (q, k, v), eps=1e-6, atol=1e-5, rtol=1e-4, raise_exception=False
+    )
+    if not ok:
+        raise AssertionError("torch.autograd.gradcheck failed: analytic and numerical Jacobians differ")
+
+
+# ---------------------------------------------------------------------------------------
+# Which cases each law draws, and running a law under Hypothesis
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Law:
+    check: Callable
+    cases: Callable[[Budget, bool], st.SearchStrategy]  # (budget, accepts_scale) -> strategy
+    flavours: tuple[str, ...] = ("pytorch", "triton")
+
+    @property
+    def name(self) -> str:
+        return self.check.__name__
+
+
+def _any(budget, custom):
+    return attention_cases(budget, allow_custom_scale=custom)
+
+
+LAWS = (
+    Law(forward_matches_float64_reference, _any),
+    Law(gradients_match_float64_reference, _any),
+    Law(permuting_keys_and_values_together_leaves_output_unchanged, lambda b, c: attention_cases(b, causal=False, allow_custom_scale=c)),
+    Law(causal_output_ignores_future_keys, lambda b, c: attention_cases(b, causal=True, allow_custom_scale=c)),
+    Law(batch_elements_are_independent, lambda b, c: attention_cases(b, allow_custom_scale=c, min_batch_elems=2)),
+    Law(constant_values_give_constant_output, _any),
+    Law(logsumexp_is_row_logsumexp_and_at_least_row_max, _any),
+    Law(forward_is_bitwise_deterministic, _any),
+    Law(float64_gradcheck, lambda b, c: tiny_float64_cases(), flavours=("pytorch",)),
+)
+LAWS_BY_NAME = {law.name: law for law in LAWS}
+
+
+def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> None:
+    """Run one law under Hypothesis against ``attn``; raises the shrunk counterexample."""
+    strategy = law.cases(budget_for(flavour, torch.device(device)), accepts_scale(attn))
+
+    @settings(**settings_overrides)
+    @given(case=strategy)
+    def run(case):
+        note(repr(case))
+        law.check(attn, case, device)
+
+    run.__qualname__ = run.__name__ = f"{law.name}[{flavour}]"
+    run()
