@@ -49,6 +49,7 @@ from hypothesis import settings  # noqa: E402
 
 from conformance import profiles  # noqa: E402,F401  (registers the profiles)
 from conformance.target import NotOffered, load_target  # noqa: E402
+from conformance.harness import NotEnoughDevices  # noqa: E402
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
@@ -89,6 +90,8 @@ def pytest_pyfunc_call(pyfuncitem):
         return (yield)
     except NotOffered as exc:
         pytest.skip(f"not offered: {exc}")
+    except NotEnoughDevices as exc:  # message starts "needs N GPUs"
+        pytest.skip(str(exc))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -97,3 +100,10 @@ def pytest_runtest_setup(item):
         return (yield)
     except NotOffered as exc:
         pytest.skip(f"not offered: {exc}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No rank process outlives the session (the distributed harness's pools)."""
+    harness = sys.modules.get("conformance.harness")
+    if harness is not None:
+        harness.shutdown_pools()

@@ -1,0 +1,728 @@
+"""The distributed worker harness: run one case on every rank of a live process pool.
+
+Every distributed check (DDP, sharded optimizer, conformance) goes through this module::
+
+    from conformance.harness import RankContext, run_on_ranks
+
+    def allreduce_sum(ctx: RankContext, n: int):          # module level: pickled by reference
+        t = torch.full((n,), float(ctx.rank + 1), device=ctx.device)
+        torch.distributed.all_reduce(t)
+        return t.cpu()                                      # results must be picklable
+
+    results = run_on_ranks(allreduce_sum, 2, 3, timeout=10)   # [r0_result, r1_result]
+
+Contract
+    ``run_on_ranks(fn, world_size, *args, timeout=60, device=None, **kwargs)`` runs
+    ``fn(ctx, *args, **kwargs)`` once on every rank of a pool of ``world_size`` processes
+    whose default ``torch.distributed`` process group is already initialised, and returns
+    the per-rank results ``[r0, ..., r_{W-1}]``.
+
+    - ``fn`` must be a module-level function (it is pickled by reference); ``args``,
+      ``kwargs`` and the results must be picklable.  Tensors in a result (at any depth of
+      lists/tuples/dicts) are detached and moved to the CPU on the rank before they travel.
+    - Device: ``device=None`` reads ``SUITE_DEVICE`` (``auto|cpu|cuda``, set by
+      conftest.py; ``auto`` means CUDA when present).  ``cpu`` uses gloo, world sizes 1..8
+      (oversubscribed processes are fine; each rank gets ``cpu_count // world_size``
+      intra-op threads, at least one).  ``cuda`` uses NCCL with rank r on ``cuda:r``;
+      a world size above ``torch.cuda.device_count()`` raises ``NotEnoughDevices``
+      (conftest.py reports it as a skip "needs N GPUs").
+    - Pools: one per (world size, backend, collective timeout, target environment),
+      started lazily (~2 s per pool here) and reused across tests and Hypothesis examples,
+      so a case costs milliseconds.  Several pools can be alive at once.
+    - Rendezvous: a ``FileStore`` in a fresh temporary directory per pool, so pytest-xdist
+      workers never collide and no store listens on a port.  gloo and NCCL bootstrap
+      sockets are pinned to the loopback interface (``GLOO_SOCKET_IFNAME`` /
+      ``NCCL_SOCKET_IFNAME`` = ``lo`` unless the user set them).
+    - Timeouts: every collective has the process group's timeout (at least 60 s and at
+      least the case timeout); the parent waits at most ``timeout`` seconds per case.
+      A rank still busy then becomes ``RankTimeout``: it names the case and, per rank,
+      whether it finished or what it was doing (its phase and its Python stack, dumped by
+      ``faulthandler``).  A rank that raises becomes ``RankFailure`` naming the rank, the
+      case and the rank's traceback, at once: the parent does not wait for the timeout
+      while other ranks sit in a collective.  A rank that dies (``os._exit``, a signal) is
+      a ``RankFailure`` with its exit code.  After any of these the pool is killed and
+      the next call starts a fresh one; the one exception is a case where *every* rank
+      raised (a symmetric failed assertion): the ranks re-synchronise with a barrier and
+      the pool is kept, so a failing Hypothesis example does not pay for a respawn.
+    - Isolation: after each case, every rank restores grad mode and the default dtype
+      and passes a barrier (which also drains the group's pending asynchronous work;
+      NCCL ranks synchronise their device) before it reports its result; the parent
+      sends the next case only when every rank has reported.  A case must complete every
+      communication it starts (wait on its async handles, match every send with a recv);
+      seeding (``torch.manual_seed``) is the case's job.
+    - Environment: ranks inherit the parent's environment when the pool starts
+      (``SUITE_DEVICE``, ``SUITE_TARGET``, ``TRITON_INTERPRET``, ...); a pool whose
+      snapshot of those three differs from the current environment is replaced.
+    - Lifetime: ``shutdown_pools()`` kills every pool; it runs at interpreter exit and
+      from conftest.py's ``pytest_sessionfinish``.  Ranks are daemon processes and also
+      exit by themselves within about a second when their parent dies.
+
+torchrun
+    The same case functions run under ``torchrun`` for users past one machine; the
+    process group then comes from torchrun's environment::
+
+        torchrun --standalone --nproc-per-node 2 -m conformance.harness_torchrun \\
+            conformance.test_harness:rank_and_sum '[3]' '{"scale": 2}'
+
+    See ``conformance/harness_torchrun.py``: each rank runs the case once, rank 0 gathers
+    the results with ``all_gather_object`` and prints them as one JSON line
+    (``--expect-equal`` fails unless every rank returned the same result).
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import os
+import pickle
+import reprlib
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing import connection as mp_connection
+from typing import Any, Callable
+
+import torch
+
+MAX_CPU_WORLD_SIZE = 8
+# Collectives time out after this many seconds at least (the case timeout if larger).
+MIN_COLLECTIVE_TIMEOUT_S = 60.0
+# Starting a pool imports torch in every rank: slow on 2 oversubscribed cores.
+STARTUP_TIMEOUT_S = float(os.environ.get("SUITE_HARNESS_STARTUP_TIMEOUT", "240"))
+# Live rank processes kept per parent; the least recently used pools go first.
+MAX_LIVE_RANKS = int(os.environ.get("SUITE_HARNESS_MAX_RANKS", "12"))
+# Environment that changes what a rank computes: a pool started under other values is replaced.
+PROPAGATED_ENV = ("SUITE_DEVICE", "SUITE_TARGET", "TRITON_INTERPRET")
+# After one rank raises, how long to wait for the others to finish too (then the pool is kept).
+_SYMMETRIC_FAILURE_GRACE_S = 0.25
+_RESYNC_TIMEOUT_S = 5.0
+_STACK_DUMP_WAIT_S = 1.0
+
+
+# --- public types ----------------------------------------------------------------------
+
+
+@dataclass
+class RankContext:
+    """What a case function receives as its first argument."""
+
+    rank: int
+    world_size: int
+    device: torch.device  # cpu, or cuda:<rank> with NCCL
+    backend: str  # "gloo" or "nccl"
+
+
+class RankFailure(AssertionError):
+    """A rank raised (or died) while running a case.
+
+    ``rank`` is the rank blamed first (a dead rank before one that raised), ``case`` the
+    case's description, ``exc_type`` the exception's type name ("" for a dead rank) and
+    ``rank_traceback`` the rank's formatted traceback.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, case: str = "", exc_type: str = "", rank_traceback: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.case = case
+        self.exc_type = exc_type
+        self.rank_traceback = rank_traceback
+
+
+class RankTimeout(AssertionError):
+    """A case did not finish on every rank within its timeout.
+
+    ``stuck_ranks`` lists the ranks that had not finished; the message says per rank
+    whether it finished or what it was doing (phase and Python stack).
+    """
+
+    def __init__(self, message: str, *, case: str = "", stuck_ranks: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.case = case
+        self.stuck_ranks = stuck_ranks
+
+
+class NotEnoughDevices(RuntimeError):
+    """The requested world size needs more GPUs than this machine has.
+
+    The message starts with "needs N GPUs", the reason conftest.py skips with.
+    """
+
+
+# --- devices and world sizes --------------------------------------------------------------
+
+
+def resolve_device(device: str | torch.device | None = None) -> str:
+    """'cpu' or 'cuda': ``device`` if given, else ``SUITE_DEVICE`` (auto|cpu|cuda)."""
+    choice = device if device is not None else os.environ.get("SUITE_DEVICE", "auto")
+    if isinstance(choice, torch.device):
+        choice = choice.type
+    if not isinstance(choice, str):
+        raise TypeError(f"device must be a str, torch.device or None, got {type(choice).__name__}")
+    choice = choice.split(":", 1)[0]
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {choice!r}")
+    return choice
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def available_world_sizes(device: str | torch.device | None = None) -> range:
+    """The world sizes ``run_on_ranks`` can run on this machine for this device."""
+    dev = resolve_device(device)
+    if dev == "cuda":
+        return range(1, torch.cuda.device_count() + 1)
+    return range(1, MAX_CPU_WORLD_SIZE + 1)
+
+
+def check_world_size(world_size: int, device: str | torch.device | None = None) -> None:
+    """Raise ValueError/TypeError for a bad world size, NotEnoughDevices for too few GPUs."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
+    dev = resolve_device(device)
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if dev == "cuda":
+        have = torch.cuda.device_count()
+        if world_size > have:
+            raise NotEnoughDevices(f"needs {world_size} GPUs: this machine has {have}")
+    elif world_size > MAX_CPU_WORLD_SIZE:
+        raise ValueError(f"world_size on the CPU must be at most {MAX_CPU_WORLD_SIZE}, got {world_size}")
+
+
+def require_world_size(world_size: int, device: str | torch.device | None = None) -> None:
+    """In a test: skip with "needs N GPUs: ..." unless ``world_size`` ranks can run here."""
+    try:
+        check_world_size(world_size, device)
+    except NotEnoughDevices as exc:
+        import pytest
+
+        pytest.skip(str(exc))
+
+
+# --- case descriptions --------------------------------------------------------------------
+
+
+class _ShortRepr(reprlib.Repr):
+    """reprlib with tensors shown as shape and dtype, never their values."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxstring = 40
+        self.maxother = 40
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = 4
+
+    def repr1(self, x, level):
+        if isinstance(x, torch.Tensor):
+            kind = "Parameter" if isinstance(x, torch.nn.Parameter) else "tensor"
+            return f"{kind}(shape={tuple(x.shape)}, dtype={str(x.dtype).replace('torch.', '')}, device={x.device})"
+        return super().repr1(x, level)
+
+
+_short = _ShortRepr()
+
+
+def describe_case(fn: Callable, args: tuple = (), kwargs: dict | None = None, limit: int = 240) -> str:
+    """``module.fn(arg, ..., key=value)`` with long values abbreviated."""
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    parts = [_short.repr(a) for a in args]
+    parts += [f"{k}={_short.repr(v)}" for k, v in (kwargs or {}).items()]
+    text = f"{name}({', '.join(parts)})"
+    return text if len(text) <= limit else text[: limit - 4] + "...)"
+
+
+# --- the rank process ---------------------------------------------------------------------
+
+
+def _results_to_cpu(obj):
+    """Detach and move every tensor in a (nested) list/tuple/dict to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, list):
+        return [_results_to_cpu(x) for x in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_results_to_cpu(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _results_to_cpu(v) for k, v in obj.items()}
+    return obj
+
+
+def _loopback_interface() -> str | None:
+    import socket
+
+    names = {name for _, name in socket.if_nameindex()}
+    for candidate in ("lo", "lo0"):
+        if candidate in names:
+            return candidate
+    return None
+
+
+def _exit_when_parent_dies(parent_pid: int) -> None:
+    """Watchdog thread: a rank never outlives its parent (even while a case is stuck)."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent_pid:
+            os._exit(3)
+
+
+def _rank_main(rank, world_size, backend, store_path, collective_timeout_s, conn, parent_pid, stack_path):
+    """Body of one rank process: join the group, then run cases until told to stop."""
+    threading.Thread(target=_exit_when_parent_dies, args=(parent_pid,), daemon=True, name="parent-watchdog").start()
+    stack_file = open(stack_path, "w")  # the parent sends SIGUSR1 to get a stack dump here
+    if hasattr(faulthandler, "register"):
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    loopback = _loopback_interface()
+    if loopback:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+
+    import torch.distributed as dist
+
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            device = torch.device("cuda", rank)
+        else:
+            device = torch.device("cpu")
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=collective_timeout_s)
+        )
+        _barrier(dist, backend, rank)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", 0, type(exc).__name__, traceback.format_exc()))
+        return
+    ctx = RankContext(rank=rank, world_size=world_size, device=device, backend=backend)
+    default_dtype = torch.get_default_dtype()
+    conn.send(("ready", 0, threading.get_ident()))
+
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            break
+        kind, case_id = message[0], message[1]
+        if kind == "stop":
+            break
+        if kind == "resync":  # every rank raised in the last case: meet again, then go on
+            try:
+                _barrier(dist, backend, rank)
+                conn.send(("synced", case_id))
+            except BaseException as exc:  # noqa: BLE001
+                conn.send(("error", case_id, type(exc).__name__, traceback.format_exc()))
+            continue
+        try:
+            conn.send(("phase", case_id, "unpickling the case"))
+            fn, args, kwargs = pickle.loads(message[2])
+            conn.send(("phase", case_id, f"running {getattr(fn, '__qualname__', fn)}"))
+            result = fn(ctx, *args, **kwargs)
+            conn.send(("phase", case_id, "pickling the result"))
+            payload = pickle.dumps(_results_to_cpu(result), protocol=pickle.HIGHEST_PROTOCOL)
+            conn.send(("phase", case_id, "finished the case; waiting in the post-case barrier"))
+            torch.set_grad_enabled(True)
+            torch.set_default_dtype(default_dtype)
+            _barrier(dist, backend, rank)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            conn.send(("error", case_id, type(exc).__name__, traceback.format_exc()))
+            continue
+        conn.send(("result", case_id, payload))
+
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
+
+
+def _barrier(dist, backend, rank):
+    if backend == "nccl":
+        dist.barrier(device_ids=[rank])
+        torch.cuda.synchronize()
+    else:
+        dist.barrier()
+
+
+# --- the pool (parent side) ---------------------------------------------------------------
+
+
+class _Pool:
+    """``world_size`` live rank processes sharing one process group."""
+
+    def __init__(self, world_size: int, backend: str, collective_timeout_s: float, env: tuple):
+        self.world_size = world_size
+        self.backend = backend
+        self.collective_timeout_s = collective_timeout_s
+        self.env = env
+        self.procs: list = []
+        self.conns: list = []
+        self.main_thread_ids: list[int | None] = [None] * world_size
+        self.tmpdir = tempfile.mkdtemp(prefix=f"harness-w{world_size}-")
+        self.next_case_id = 1
+        self.closed = False
+
+    @property
+    def label(self) -> str:
+        return f"world size {self.world_size} ({self.backend})"
+
+    def _stack_path(self, rank: int) -> str:
+        return os.path.join(self.tmpdir, f"rank{rank}.stacks")
+
+    # startup -----------------------------------------------------------------
+
+    def start(self) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        store_path = os.path.join(self.tmpdir, "store")
+        for rank in range(self.world_size):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            proc = ctx.Process(
+                target=_rank_main,
+                args=(rank, self.world_size, self.backend, store_path, self.collective_timeout_s, child_end, os.getpid(), self._stack_path(rank)),
+                name=f"harness-rank{rank}-of-{self.world_size}",
+                daemon=True,
+            )
+            proc.start()
+            child_end.close()
+            self.procs.append(proc)
+            self.conns.append(parent_end)
+        case = f"starting the pool of {self.label}"
+        state = self._collect(0, case, STARTUP_TIMEOUT_S, expect="ready")
+        for rank, message in enumerate(state.results):
+            self.main_thread_ids[rank] = message
+
+    # one case ----------------------------------------------------------------
+
+    def run(self, payload: bytes, case: str, timeout: float) -> list:
+        case_id = self.next_case_id
+        self.next_case_id += 1
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send(("case", case_id, payload))
+            except (BrokenPipeError, OSError):
+                self.procs[rank].join(timeout=0.5)
+                raise self._fail(
+                    RankFailure,
+                    f"rank {rank} of {self.label} is dead (exit code {self.procs[rank].exitcode}) before case {case}",
+                    rank=rank,
+                    case=case,
+                )
+        state = self._collect(case_id, case, timeout, expect="result")
+        return [pickle.loads(data) for data in state.results]
+
+    def _collect(self, case_id: int, case: str, timeout: float, expect: str) -> "_CaseState":
+        """Wait for ``expect`` from every rank; raise RankFailure/RankTimeout otherwise."""
+        state = _CaseState(self.world_size)
+        deadline = time.monotonic() + timeout
+        while state.pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._timeout(state, case, timeout)
+            waitables = {}
+            for rank in state.pending:
+                waitables[self.conns[rank]] = ("conn", rank)
+                waitables[self.procs[rank].sentinel] = ("proc", rank)
+            for ready in mp_connection.wait(list(waitables), timeout=remaining):
+                what, rank = waitables[ready]
+                if what == "conn":
+                    self._receive(rank, case_id, expect, state)
+                else:
+                    self._drain(rank, case_id, expect, state)
+                    if rank in state.pending:
+                        self._mark_dead(rank, state)
+            if state.errors or state.dead:
+                self._settle_failure(state, case_id, expect, deadline)
+                raise self._failure(state, case, expect)
+        return state
+
+    def _receive(self, rank: int, case_id: int, expect: str, state: "_CaseState") -> None:
+        try:
+            message = self.conns[rank].recv()
+        except (EOFError, OSError):
+            self._mark_dead(rank, state)
+            return
+        kind, msg_case = message[0], message[1]
+        if msg_case != case_id and kind != "error":
+            return  # a stale message from an earlier case
+        if kind == "phase":
+            state.phase[rank] = message[2]
+        elif kind == expect:
+            state.results[rank] = message[2] if len(message) > 2 else None
+            state.pending.discard(rank)
+        elif kind == "error":
+            state.errors[rank] = (message[2], message[3])
+            state.pending.discard(rank)
+
+    def _mark_dead(self, rank: int, state: "_CaseState") -> None:
+        self.procs[rank].join(timeout=1.0)
+        state.dead[rank] = self.procs[rank].exitcode
+        state.pending.discard(rank)
+
+    def _drain(self, rank: int, case_id: int, expect: str, state: "_CaseState") -> None:
+        try:
+            while rank in state.pending and self.conns[rank].poll():
+                self._receive(rank, case_id, expect, state)
+        except (EOFError, OSError):
+            pass
+
+    def _settle_failure(self, state: "_CaseState", case_id: int, expect: str, deadline: float) -> None:
+        """After a failure, give the other ranks a moment to report too (no more)."""
+        grace_end = min(deadline, time.monotonic() + _SYMMETRIC_FAILURE_GRACE_S)
+        while state.pending and not state.dead:
+            remaining = grace_end - time.monotonic()
+            if remaining <= 0:
+                break
+            waitables = {}
+            for rank in state.pending:
+                waitables[self.conns[rank]] = ("conn", rank)
+                waitables[self.procs[rank].sentinel] = ("proc", rank)
+            for ready in mp_connection.wait(list(waitables), timeout=remaining):
+                what, rank = waitables[ready]
+                if what == "conn":
+                    self._receive(rank, case_id, expect, state)
+                else:
+                    self._drain(rank, case_id, expect, state)
+                    if rank in state.pending:
+                        self._mark_dead(rank, state)
+        # A rank that dies often makes its peers raise: notice deaths that are on their way.
+        for rank, proc in enumerate(self.procs):
+            if rank not in state.dead and rank not in state.errors and not proc.is_alive():
+                self._mark_dead(rank, state)
+
+    def _failure(self, state: "_CaseState", case: str, expect: str) -> RankFailure:
+        keep = (
+            expect == "result"
+            and not state.dead
+            and not state.pending
+            and len(state.errors) == self.world_size
+            and self._resync()
+        )
+        lines = []
+        if state.dead:
+            first = min(state.dead)
+            for rank, code in sorted(state.dead.items()):
+                lines.append(f"rank {rank} died (exit code {code}) while {state.phase[rank]}")
+            exc_type, tb = "", ""
+        else:
+            first = min(state.errors)
+            exc_type, tb = state.errors[first]
+        for rank, (etype, rank_tb) in sorted(state.errors.items()):
+            lines.append(f"rank {rank} raised {etype}:\n{_indent(rank_tb)}")
+        for rank in sorted(state.pending):
+            lines.append(f"rank {rank} had not finished ({state.phase[rank]})")
+        for rank in sorted(set(range(self.world_size)) - state.pending - set(state.errors) - set(state.dead)):
+            lines.append(f"rank {rank} finished")
+        head = f"rank {first} failed in case {case} on {self.label}"
+        tail = "the pool was kept (every rank raised and they re-synchronised)" if keep else "the pool was torn down"
+        message = head + "\n" + "\n".join(lines) + "\n" + tail
+        if not keep:
+            self.close()
+        return RankFailure(message, rank=first, case=case, exc_type=exc_type, rank_traceback=tb)
+
+    def _resync(self) -> bool:
+        """Every rank raised: bring them back to a barrier; False if that fails."""
+        case_id = self.next_case_id
+        self.next_case_id += 1
+        try:
+            for conn in self.conns:
+                conn.send(("resync", case_id))
+            self._collect(case_id, "re-synchronising after a failed case", _RESYNC_TIMEOUT_S, expect="synced")
+        except (AssertionError, OSError):
+            return False
+        return True
+
+    def _timeout(self, state: "_CaseState", case: str, timeout: float) -> RankTimeout:
+        stuck = sorted(state.pending)
+        stacks = self._dump_stacks(stuck)
+        lines = []
+        for rank in range(self.world_size):
+            if rank in state.pending:
+                lines.append(f"rank {rank}: still running ({state.phase[rank]}); its stack:\n{_indent(stacks.get(rank) or '(no stack dump)')}")
+            elif rank in state.errors:
+                lines.append(f"rank {rank}: raised {state.errors[rank][0]}")
+            else:
+                lines.append(f"rank {rank}: finished")
+        message = (
+            f"case {case} on {self.label} exceeded its timeout of {timeout:g} s; stuck: ranks {stuck}\n"
+            + "\n".join(lines)
+            + "\nthe pool was torn down"
+        )
+        self.close()
+        return RankTimeout(message, case=case, stuck_ranks=tuple(stuck))
+
+    def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Ask stuck ranks for their Python stacks (faulthandler on SIGUSR1)."""
+        if not hasattr(signal, "SIGUSR1"):
+            return {}
+        sizes = {}
+        for rank in ranks:
+            path = self._stack_path(rank)
+            sizes[rank] = os.path.getsize(path) if os.path.exists(path) else 0
+            if self.procs[rank].is_alive():
+                try:
+                    os.kill(self.procs[rank].pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+        stacks: dict[int, str] = {}
+        end = time.monotonic() + _STACK_DUMP_WAIT_S
+        while time.monotonic() < end and len(stacks) < len(ranks):
+            time.sleep(0.02)
+            for rank in ranks:
+                path = self._stack_path(rank)
+                if rank in stacks or not os.path.exists(path) or os.path.getsize(path) <= sizes[rank]:
+                    continue
+                time.sleep(0.05)  # let the dump finish
+                with open(path) as f:
+                    f.seek(sizes[rank])
+                    stacks[rank] = _main_thread_stack(f.read(), self.main_thread_ids[rank])
+        return stacks
+
+    # teardown ----------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for conn in self.conns:
+            try:
+                conn.send(("stop", 0))
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self.procs:
+            proc.join(timeout=5.0)
+        for conn in self.conns:
+            conn.close()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        key = getattr(self, "key", None)
+        if _POOLS.get(key) is self:
+            del _POOLS[key]
+
+    def alive(self) -> bool:
+        return not self.closed and all(p.is_alive() for p in self.procs)
+
+
+class _CaseState:
+    def __init__(self, world_size: int):
+        self.pending = set(range(world_size))
+        self.results: list = [None] * world_size
+        self.errors: dict[int, tuple[str, str]] = {}
+        self.dead: dict[int, int | None] = {}
+        self.phase = ["waiting for the case"] * world_size
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.rstrip().splitlines())
+
+
+def _main_thread_stack(dump: str, main_ident: int | None) -> str:
+    """The main thread's block of a faulthandler dump (the whole dump if not found)."""
+    if main_ident is None:
+        return dump.strip()
+    marker = f"0x{main_ident:016x}"
+    for block in dump.split("\n\n"):
+        if marker in block.splitlines()[0] if block.strip() else False:
+            return block.strip()
+    return dump.strip()
+
+
+# --- the registry of pools ----------------------------------------------------------------
+
+_POOLS: dict[tuple, _Pool] = {}
+_LOCK = threading.RLock()
+
+
+def _env_snapshot() -> tuple:
+    return tuple((name, os.environ.get(name)) for name in PROPAGATED_ENV)
+
+
+def _get_pool(world_size: int, backend: str, timeout: float) -> _Pool:
+    env = _env_snapshot()
+    for key, pool in list(_POOLS.items()):
+        w, b, t, e = key
+        if (w, b) == (world_size, backend) and (e != env or t < timeout or not pool.alive()):
+            pool.close()
+    for key in list(_POOLS):
+        if key[:2] == (world_size, backend):
+            pool = _POOLS.pop(key)
+            _POOLS[key] = pool  # most recently used last
+            return pool
+    _make_room(world_size)
+    collective_timeout = max(MIN_COLLECTIVE_TIMEOUT_S, float(timeout))
+    pool = _Pool(world_size, backend, collective_timeout, env)
+    pool.key = (world_size, backend, collective_timeout, env)
+    _POOLS[pool.key] = pool
+    try:
+        pool.start()
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+def _make_room(world_size: int) -> None:
+    live = sum(p.world_size for p in _POOLS.values())
+    for pool in list(_POOLS.values()):  # oldest first
+        if live + world_size <= MAX_LIVE_RANKS:
+            break
+        live -= pool.world_size
+        pool.close()
+
+
+def live_pools() -> list[tuple[int, str]]:
+    """(world size, backend) of every live pool, oldest first."""
+    with _LOCK:
+        return [(p.world_size, p.backend) for p in _POOLS.values() if p.alive()]
+
+
+def shutdown_pools() -> None:
+    """Kill every pool's rank processes (also runs at exit and at pytest session finish)."""
+    with _LOCK:
+        for pool in list(_POOLS.values()):
+            pool.close()
+        _POOLS.clear()
+
+
+atexit.register(shutdown_pools)
+
+
+# --- the entry point ----------------------------------------------------------------------
+
+
+def run_on_ranks(fn: Callable, world_size: int, *args, timeout: float = 60.0, device: str | torch.device | None = None, **kwargs) -> list:
+    """Run ``fn(ctx, *args, **kwargs)`` on every rank of a live pool of ``world_size``
+    processes (``torch.distributed`` default group already initialised) and return the
+    per-rank results ``[r0, ..., r_{W-1}]``.
+
+    ``fn`` must be a module-level function (pickled by reference); args and results must
+    be picklable (tensors in results are moved to the CPU).  Raises RankFailure when a
+    rank raises or dies, RankTimeout when the case takes longer than ``timeout`` seconds,
+    NotEnoughDevices when CUDA has fewer GPUs than ``world_size``.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable, got {type(fn).__name__}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    dev = resolve_device(device)
+    check_world_size(world_size, dev)
+    qualname = getattr(fn, "__qualname__", "")
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        raise TypeError(f"fn must be a module-level function (it is pickled by reference); got {qualname}")
+    case = describe_case(fn, args, kwargs)
+    try:
+        payload = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - pickling errors come in many types
+        raise TypeError(f"case {case} cannot be sent to the ranks: {type(exc).__name__}: {exc}") from exc
+    with _LOCK:
+        pool = _get_pool(world_size, backend_for(dev), timeout)
+        return pool.run(payload, case, float(timeout))
