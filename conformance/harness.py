@@ -99,7 +99,7 @@ MAX_LIVE_RANKS = int(os.environ.get("SUITE_HARNESS_MAX_RANKS", "12"))
 # Environment that changes what a rank computes: a pool started under other values is replaced.
 PROPAGATED_ENV = ("SUITE_DEVICE", "SUITE_TARGET", "TRITON_INTERPRET")
 # After one rank raises, how long to wait for the others to finish too (then the pool is kept).
-_SYMMETRIC_FAILURE_GRACE_S = 0.25
+_SYMMETRIC_FAILURE_GRACE_S = 1.0
 _RESYNC_TIMEOUT_S = 5.0
 _STACK_DUMP_WAIT_S = 1.0
 
@@ -332,7 +332,7 @@ def _rank_main(rank, world_size, backend, store_path, collective_timeout_s, conn
             torch.set_default_dtype(default_dtype)
             _barrier(dist, backend, rank)
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            conn.send(("error", case_id, type(exc).__name__, traceback.format_exc()))
+            conn.send(("error", case_id, type(exc).__name__, _format_case_exception(exc)))
             continue
         conn.send(("result", case_id, payload))
 
@@ -340,6 +340,14 @@ def _rank_main(rank, world_size, backend, store_path, collective_timeout_s, conn
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - exiting anyway
         pass
+
+
+def _format_case_exception(exc: BaseException) -> str:
+    """The traceback from the case's own frames on (the harness's loop frame left out)."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame.f_code is _rank_main.__code__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
 def _barrier(dist, backend, rank):
@@ -515,7 +523,7 @@ class _Pool:
             first = min(state.errors)
             exc_type, tb = state.errors[first]
         for rank, (etype, rank_tb) in sorted(state.errors.items()):
-            lines.append(f"rank {rank} raised {etype}:\n{_indent(rank_tb)}")
+            lines.append(f"rank {rank} raised {etype} while {state.phase[rank]}:\n{_indent(rank_tb)}")
         for rank in sorted(state.pending):
             lines.append(f"rank {rank} had not finished ({state.phase[rank]})")
         for rank in sorted(set(range(self.world_size)) - state.pending - set(state.errors) - set(state.dead)):
@@ -626,14 +634,23 @@ def _indent(text: str, prefix: str = "    ") -> str:
 
 
 def _main_thread_stack(dump: str, main_ident: int | None) -> str:
-    """The main thread's block of a faulthandler dump (the whole dump if not found)."""
-    if main_ident is None:
-        return dump.strip()
-    marker = f"0x{main_ident:016x}"
-    for block in dump.split("\n\n"):
-        if marker in block.splitlines()[0] if block.strip() else False:
-            return block.strip()
-    return dump.strip()
+    """The main thread's frames from a faulthandler dump, down to the case function.
+
+    The frames below the harness's rank loop (multiprocessing's bootstrap) say nothing
+    about the case and are left out; the whole dump is kept if the thread is not found.
+    """
+    blocks = [b for b in dump.strip().split("\n\n") if b.strip()]
+    if main_ident is not None:
+        marker = f"0x{main_ident:016x}"
+        blocks = [b for b in blocks if marker in b.splitlines()[0]] or blocks
+    kept = []
+    for block in blocks:
+        for line in block.splitlines():
+            if "in _rank_main" in line:
+                break
+            kept.append(line)
+        kept.append("")
+    return "\n".join(kept).strip()
 
 
 # --- the registry of pools ----------------------------------------------------------------

@@ -185,12 +185,49 @@ def test_a_changed_suite_environment_replaces_the_pool(monkeypatch):
     assert [r[4] for r in after] != [r[4] for r in before]
 
 
-def test_rendezvous_listens_on_no_network_port():
-    """A FileStore, not a TCP store: the parent opens no listening socket for a pool."""
-    run_on_ranks(identity, 2, timeout=30, device="cpu")
-    pool = next(p for p in harness._POOLS.values() if p.world_size == 2 and p.alive())
-    assert os.path.exists(os.path.join(pool.tmpdir, "store")) or os.path.isdir(pool.tmpdir)
-    assert pool.tmpdir.startswith(os.path.realpath(os.path.dirname(pool.tmpdir)))
+def _listening_addresses(pid: int) -> list[str]:
+    """Hex local addresses (as /proc/net/tcp{,6} writes them) of pid's listening TCP sockets."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    addresses = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for row in f.readlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A = LISTEN
+                    addresses.append(fields[1].split(":")[0])
+    return addresses
+
+
+def _is_loopback(hex_address: str) -> bool:
+    if len(hex_address) == 8:  # IPv4, little-endian: 127.x.y.z ends in 7F
+        return hex_address.upper().endswith("7F")
+    return hex_address.upper() in ("00000000000000000000000001000000", "0000000000000000FFFF00000100007F")
+
+
+@pytest.mark.parametrize(
+    "address, loopback",
+    [("0100007F", True), ("0101007F", True), ("00000000", False), ("020200C0", False),
+     ("00000000000000000000000001000000", True), ("00000000000000000000000000000000", False)],
+)
+def test_the_loopback_check_tells_loopback_from_other_addresses(address, loopback):
+    assert _is_loopback(address) is loopback
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_nothing_listens_beyond_loopback():
+    """Rendezvous is a FileStore (the parent opens no port); gloo's own sockets bind to lo."""
+    pids = [r[4] for r in run_on_ranks(identity, 2, timeout=30, device="cpu")]
+    assert _listening_addresses(os.getpid()) == []
+    rank_addresses = [a for pid in pids for a in _listening_addresses(pid)]
+    assert rank_addresses, "gloo ranks listen for their peers; the check must see those sockets"
+    assert all(_is_loopback(a) for a in rank_addresses), rank_addresses
 
 
 # --- failures -------------------------------------------------------------------------------
@@ -205,6 +242,7 @@ def test_an_exception_on_rank_1_names_rank_case_and_traceback_without_waiting_fo
     assert info.value.rank == 1 and info.value.exc_type == "ValueError"
     assert "rank 1" in message and "raise_on_rank(1)" in message
     assert "deliberate failure on rank 1" in message and "Traceback" in message
+    assert "in raise_on_rank" in info.value.rank_traceback and "_rank_main" not in info.value.rank_traceback
     assert elapsed < 10, f"rank 0 sat in an all-reduce; the failure took {elapsed:.1f} s to surface"
     # and the harness works again
     assert [r["sum"] for r in run_on_ranks(rank_and_sum, 2, 1, timeout=30, device="cpu")] == [[3.0], [3.0]]
@@ -354,16 +392,56 @@ def test_ranks_exit_when_their_parent_is_killed():
 # --- torchrun ------------------------------------------------------------------------------------
 
 
+def _network_isolation_prefix() -> list[str]:
+    """``unshare -rn`` (a private network namespace with only lo) where it works here.
+
+    torchrun's agent always serves its TCP store on every interface; inside the namespace
+    "every interface" is the loopback one.
+    """
+    probe = ["unshare", "-rn", "sh", "-c", "ip link set lo up"]
+    try:
+        ok = subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"] if ok else []
+
+
 def test_the_same_case_runs_under_torchrun():
-    """One slow test: torchrun --standalone --nproc-per-node 2 with gloo on the CPU."""
+    """One slow test: torchrun --standalone --nproc-per-node 2 with gloo on the CPU
+    returns what the pool returns for the same case."""
     env = dict(os.environ, SUITE_DEVICE="cpu", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [
+    cmd = _network_isolation_prefix() + [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
         "-m", "conformance.harness_torchrun", "conformance.test_harness:rank_and_sum", "[3]", '{"scale": 2}',
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULTS "))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers: the session started above
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun did not finish in 180 s:\n{out}\n{err}")
+    assert proc.returncode == 0, out + err
+    line = next(l for l in out.splitlines() if l.startswith("RESULTS "))
     under_torchrun = json.loads(line[len("RESULTS "):])
     through_pool = run_on_ranks(rank_and_sum, 2, 3, scale=2, timeout=30, device="cpu")
     assert under_torchrun == through_pool
+
+
+@pytest.mark.parametrize(
+    "a, b, equal",
+    [
+        (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0]), True),
+        (torch.tensor([0.0]), torch.tensor([-0.0]), False),  # equal values, different bits
+        (torch.tensor([float("nan")]), torch.tensor([float("nan")]), True),  # same bits
+        (torch.tensor([1.0]), torch.tensor([1.0], dtype=torch.float64), False),
+        (torch.tensor([1.0, 2.0]), torch.tensor([[1.0, 2.0]]), False),
+        ({"w": [torch.ones(2)], "step": 3}, {"w": [torch.ones(2)], "step": 3}, True),
+        ({"w": [torch.ones(2)], "step": 3}, {"w": [torch.ones(2)], "step": 4}, False),
+        ([torch.ones(1)], [torch.ones(1), torch.ones(1)], False),
+    ],
+)
+def test_torchrun_expect_equal_compares_results_bitwise(a, b, equal):
+    from conformance.harness_torchrun import same
+
+    assert same(a, b) is equal
