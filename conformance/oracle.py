@@ -41,6 +41,11 @@ def eps(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps
 
 
+def tiny(dtype: torch.dtype) -> float:
+    """Smallest normal number: below it rounding is absolute (subnormals), not relative."""
+    return torch.finfo(dtype).tiny
+
+
 def max_abs_error(actual: torch.Tensor, ref64: torch.Tensor) -> float:
     """max|actual - ref64| in float64; inf if actual is non-finite where ref64 is finite."""
     a = actual.detach().to(device="cpu", dtype=torch.float64)
@@ -111,7 +116,7 @@ def judge(
         raise AssertionError(f"{name}: shape {tuple(a.shape)}, expected {tuple(r.shape)}")
     mag = r.abs() if magnitude is None else magnitude.detach().to("cpu", torch.float64).abs()
     finite = torch.isfinite(r)
-    bound_e = FACTOR * eager_error + FLOOR_ULPS * eps(dtype) * torch.where(finite, mag, torch.zeros_like(mag))
+    bound_e = FACTOR * eager_error + FLOOR_ULPS * (eps(dtype) * torch.where(finite, mag, torch.zeros_like(mag)) + tiny(dtype))
     diff = torch.where(torch.isfinite(a), (a - r).abs(), torch.full_like(a, float("inf")))
     diff = torch.where(finite, diff, torch.zeros_like(diff))
     nonfinite = int((~torch.isfinite(a) & finite).sum())
@@ -129,7 +134,7 @@ def bound(ref64, eager, dtype, magnitude=None) -> torch.Tensor:
     r = ref64.detach().to("cpu", torch.float64)
     mag = r.abs() if magnitude is None else magnitude.detach().to("cpu", torch.float64).abs()
     mag = torch.where(torch.isfinite(r), mag, torch.zeros_like(mag))
-    return FACTOR * eager_error + FLOOR_ULPS * eps(dtype) * mag
+    return FACTOR * eager_error + FLOOR_ULPS * (eps(dtype) * mag + tiny(dtype))
 
 
 def assert_within(name: str, a: torch.Tensor, b: torch.Tensor, tolerance: torch.Tensor) -> None:
@@ -207,15 +212,20 @@ def _poison_cuda_cache(device: torch.device, nbytes: int = 64 << 20) -> None:
         del block
 
 
-def attention_magnitudes(q, k, v, grad_o, is_causal: bool, scale: float) -> dict[str, torch.Tensor]:
+def attention_magnitudes(q, k, v, grad_o, is_causal: bool, scale: float, dtype=None) -> dict[str, torch.Tensor]:
     """Float64 magnitudes of the terms summed into each attention output and gradient.
 
         |S| ~ scale |Q| |K|^T         O = P V         ->  mag_O  = P |V|
         L = max S + log sum exp(...)                   ->  mag_L  = |L| + max_j scale (|Q| |K|^T)_ij
-        dS = P * (dO V^T - D),  D = rowsum(dO * O)     ->  mag_dS = P * (|dO| |V|^T + rowsum|dO * O|)
-        dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO  (magnitudes with |.| inside)
+        dS = P * (dO V^T - D),  D = rowsum(dO * O)     ->  mag_dS = P' * (|dO| |V|^T + rowsum|dO * O|)
+        dQ = scale dS K,  dK = scale dS^T Q,  dV = P'^T dO  (magnitudes with |.| inside)
+
+    Backward recomputes P = exp(S - L) from the saved float32 L (the FlashAttention-2
+    contract), so the exponent carries an absolute rounding error of about
+    eps32 (|S| + |L|): P' = P (1 + (eps32 / eps) (|S| + |L|)) folds that in, expressed in
+    units of the tested dtype's eps (``dtype``, default float32).
     """
-    from impl.attention_reference import attention_scores
+    from impl.attention_reference import attention_scores, causal_mask
 
     q, k, v, do = (t.detach().to("cpu", torch.float64) for t in (q, k, v, grad_o))
     s = attention_scores(q, k, is_causal, scale)
@@ -223,17 +233,17 @@ def attention_magnitudes(q, k, v, grad_o, is_causal: bool, scale: float) -> dict
     o = p @ v
     mag_s = scale * (q.abs() @ k.abs().transpose(-1, -2))
     if is_causal:
-        from impl.attention_reference import causal_mask
-
         mag_s = mag_s.masked_fill(causal_mask(q.shape[-2], k.shape[-2]), 0.0)
     lse = torch.logsumexp(s, dim=-1)
-    mag_ds = p * (do.abs() @ v.abs().transpose(-1, -2) + (do * o).abs().sum(-1, keepdim=True))
+    exp_arg_ulps = eps(torch.float32) / eps(dtype or torch.float32)
+    p_recomputed = p * (1 + exp_arg_ulps * (mag_s + lse.abs()[..., None]))
+    mag_ds = p_recomputed * (do.abs() @ v.abs().transpose(-1, -2) + (do * o).abs().sum(-1, keepdim=True))
     return {
         "O": p @ v.abs(),
         "L": lse.abs() + mag_s.amax(dim=-1),
         "dQ": scale * (mag_ds @ k.abs()),
         "dK": scale * (mag_ds.transpose(-1, -2) @ q.abs()),
-        "dV": p.transpose(-1, -2) @ do.abs(),
+        "dV": p_recomputed.transpose(-1, -2) @ do.abs(),
     }
 
 
@@ -256,7 +266,7 @@ def _calibrate() -> None:  # pragma: no cover - a measurement script, not a test
             ref = _fwd_bwd(attention_reference, q, k, v, do, causal)
             eager = _fwd_bwd(attention_reference, *low, causal)
             tiled = _fwd_bwd(FlashAttentionPytorch.apply, *low, causal)
-            mags = attention_magnitudes(q, k, v, do, causal, default_scale(d))
+            mags = attention_magnitudes(q, k, v, do, causal, default_scale(d), dtype)
             for key in ref:
                 e = max_abs_error(eager[key], ref[key])
                 diff = (tiled[key].double() - ref[key]).abs()

@@ -114,7 +114,7 @@ class FlashAttentionPytorch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False, scale=None):
         scale = validate_attention_inputs(
-            q, k, v, is_causal, scale, dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64)
+            q, k, v, is_causal, scale, dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64), max_head_dim=256
         )
         o, lse = flash_forward(q, k, v, bool(is_causal), scale)
         ctx.save_for_backward(q, k, v, o, lse)

@@ -74,7 +74,7 @@ def references(case: AttentionCase, device, with_grads: bool) -> References:
     (q, k, v, do), (q64, k64, v64, do64) = case.make(device)
     ref = _eager_quantities(q64, k64, v64, do64, case, with_grads)
     eager = _eager_quantities(q.detach(), k.detach(), v.detach(), do, case, with_grads)
-    mags = oracle.attention_magnitudes(q64, k64, v64, do64, case.is_causal, case.softmax_scale)
+    mags = oracle.attention_magnitudes(q64, k64, v64, do64, case.is_causal, case.softmax_scale, case.dtype)
     return References(ref, eager, mags)
 
 

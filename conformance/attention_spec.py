@@ -1,0 +1,194 @@
+"""Fixed spec cases for attention, in our own words.
+
+Two tiers:
+
+- ``CS336``: the contract of CS336 assignment 2's FlashAttention adapters, which every
+  student implementation must meet: ``apply(q, k, v, is_causal=False)`` on (B, N, d)
+  inputs returns O; exactly one tensor of shape ``q.shape[:-1]`` (the logsumexp L) is saved
+  for backward; ``is_causal`` defaults to False; forward and backward match the reference
+  at B=4, N=128, d=64 in both causal modes.
+- ``API``: the wider contract this project's ``impl`` offers: (B, H, N, d) inputs,
+  N_q != N_k, head dims 16..128 and odd ones up to 256, non-contiguous inputs, an
+  explicit softmax scale, and clear errors for bad input.
+
+Each check is ``check(attn, device)`` and raises AssertionError on a violation.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from conformance import oracle
+from conformance.strategies import AttentionCase
+from properties.attention_laws import (
+    accepts_scale,
+    call,
+    forward_matches_float64_reference,
+    gradients_match_float64_reference,
+    saved_logsumexp,
+)
+
+
+def _case(batch=(4,), n_q=128, n_k=128, d=64, dtype=torch.float32, causal=False, scale=None, layout="contiguous", seed=0):
+    return AttentionCase(batch, n_q, n_k, d, dtype, causal, scale, 1.0, layout, seed)
+
+
+# --- CS336 tier ----------------------------------------------------------------------
+
+
+def saves_one_logsumexp_of_query_shape(attn, device):
+    """Exactly one saved tensor has shape q.shape[:-1], and it is L (>= the row max score)."""
+    (q, k, v, _), _ = _case().make(device)
+    o = attn.apply(q, k, v, False)
+    lse = saved_logsumexp(o, q)
+    if not torch.isfinite(lse).all():
+        raise AssertionError("the saved logsumexp has non-finite entries")
+
+
+def is_causal_defaults_to_false(attn, device):
+    (q, k, v, _), _ = _case(n_q=64, n_k=64).make(device)
+    default = attn.apply(q, k, v)
+    explicit = attn.apply(q, k, v, False)
+    causal = attn.apply(q, k, v, True)
+    oracle.assert_bitwise_equal("apply(q, k, v) vs apply(q, k, v, False)", default, explicit)
+    if torch.equal(default.detach(), causal.detach()):
+        raise AssertionError("apply(q, k, v) equals the causal result: is_causal must default to False")
+
+
+def cs336_noncausal_forward_backward(attn, device):
+    """B=4, N=128, d=64, not causal: O, L and the gradients match the reference."""
+    forward_matches_float64_reference(attn, _case(causal=False, seed=1), device)
+    gradients_match_float64_reference(attn, _case(causal=False, seed=2), device)
+
+
+def cs336_causal_forward_backward(attn, device):
+    """B=4, N=128, d=64, causal: O, L and the gradients match the reference."""
+    forward_matches_float64_reference(attn, _case(causal=True, seed=3), device)
+    gradients_match_float64_reference(attn, _case(causal=True, seed=4), device)
+
+
+CS336 = (saves_one_logsumexp_of_query_shape, is_causal_defaults_to_false, cs336_noncausal_forward_backward, cs336_causal_forward_backward)
+
+
+# --- API tier -------------------------------------------------------------------------
+
+
+def four_dim_inputs(attn, device):
+    for causal in (False, True):
+        case = _case(batch=(2, 3), n_q=70, n_k=70, d=32, causal=causal, seed=5)
+        forward_matches_float64_reference(attn, case, device)
+        gradients_match_float64_reference(attn, case, device)
+
+
+def unequal_query_and_key_lengths(attn, device):
+    """N_q != N_k, causal top-left aligned: query i sees keys 0..i on absolute indices."""
+    for n_q, n_k in ((17, 100), (100, 17), (1, 65), (65, 1)):
+        for causal in (False, True):
+            case = _case(batch=(2,), n_q=n_q, n_k=n_k, d=32, causal=causal, seed=n_q * 1000 + n_k)
+            forward_matches_float64_reference(attn, case, device)
+            gradients_match_float64_reference(attn, case, device)
+
+
+def standard_head_dims(attn, device):
+    for d in (16, 32, 64, 128):
+        forward_matches_float64_reference(attn, _case(batch=(1,), n_q=33, n_k=47, d=d, causal=True, seed=d), device)
+
+
+def odd_head_dims(attn, device):
+    for d in (24, 80, 96, 200):
+        case = _case(batch=(1,), n_q=33, n_k=47, d=d, causal=bool(d % 3), seed=d)
+        forward_matches_float64_reference(attn, case, device)
+        gradients_match_float64_reference(attn, case, device)
+
+
+def noncontiguous_inputs(attn, device):
+    for layout in ("transposed", "strided"):
+        case = _case(batch=(2, 2), n_q=40, n_k=40, d=32, causal=True, layout=layout, seed=7)
+        forward_matches_float64_reference(attn, case, device)
+        gradients_match_float64_reference(attn, case, device)
+
+
+def explicit_softmax_scale(attn, device):
+    if not accepts_scale(attn):
+        raise AssertionError("apply(q, k, v, is_causal, scale) is not accepted")
+    case = _case(batch=(2,), n_q=50, n_k=50, d=32, causal=False, scale=0.3, seed=8)
+    forward_matches_float64_reference(attn, case, device)
+    gradients_match_float64_reference(attn, case, device)
+
+
+def _expect_error(what, exc_types, keywords, fn):
+    try:
+        fn()
+    except exc_types as exc:
+        msg = str(exc).lower()
+        if not any(word in msg for word in keywords):
+            raise AssertionError(f"{what}: raised {type(exc).__name__}({exc!s}) but the message names none of {keywords}")
+        return
+    except Exception as exc:  # noqa: BLE001 - a crash deep in a kernel is the failure we report
+        raise AssertionError(f"{what}: expected {exc_types}, got {type(exc).__name__}: {exc}") from exc
+    raise AssertionError(f"{what}: no error raised")
+
+
+def bad_input_errors(attn, device):
+    """Bad input raises ValueError/TypeError naming the problem, before any kernel runs."""
+    t = lambda *shape, dtype=torch.float32: torch.randn(*shape, dtype=dtype, device=device)  # noqa: E731
+    cases = [
+        ("mismatched head dims", lambda: attn.apply(t(2, 8, 16), t(2, 8, 32), t(2, 8, 32)), ["head dim"]),
+        ("mismatched batch dims", lambda: attn.apply(t(2, 8, 16), t(3, 8, 16), t(3, 8, 16)), ["batch"]),
+        ("K/V length mismatch", lambda: attn.apply(t(2, 8, 16), t(2, 8, 16), t(2, 9, 16)), ["length", "k/v"]),
+        ("unsupported dtype int32", lambda: attn.apply(*(torch.ones(2, 8, 16, dtype=torch.int32, device=device),) * 3), ["dtype"]),
+        ("unsupported head dim 512", lambda: attn.apply(t(1, 4, 512), t(1, 4, 512), t(1, 4, 512)), ["head dim"]),
+        ("mixed dtypes", lambda: attn.apply(t(2, 8, 16), t(2, 8, 16, dtype=torch.float16), t(2, 8, 16)), ["dtype"]),
+    ]
+    for what, fn, words in cases:
+        _expect_error(what, (ValueError, TypeError), words, fn)
+
+
+def different_devices_error(attn, device):
+    if not torch.cuda.is_available():
+        raise _NeedsGPU("needs a GPU: tensors on two devices")
+    q = torch.randn(2, 8, 16, device="cuda")
+    k = torch.randn(2, 8, 16)
+    _expect_error("tensors on different devices", (ValueError, TypeError), ["device"], lambda: attn.apply(q, k, k.clone()))
+
+
+class _NeedsGPU(Exception):
+    pass
+
+
+def cpu_tensor_to_triton_without_interpreter(target_spec: str):
+    """A CPU tensor handed to the Triton path without TRITON_INTERPRET is a clear ValueError."""
+    code = textwrap.dedent(
+        f"""
+        import torch
+        from conformance.target import load_target
+        fn = load_target({target_spec!r}).attention("triton")
+        q = torch.randn(1, 16, 16)
+        try:
+            fn.apply(q, q, q, False)
+        except ValueError as exc:
+            print("VALUEERROR", exc)
+        except Exception as exc:
+            print("OTHER", type(exc).__name__, exc)
+        else:
+            print("NOERROR")
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    last = (out.stdout.strip().splitlines() or [out.stderr.strip()[-300:]])[-1]
+    if not last.startswith("VALUEERROR") or "interpret" not in last.lower() and "cuda" not in last.lower():
+        raise AssertionError(f"CPU tensor to the Triton path without the interpreter: {last}")
+
+
+API = (four_dim_inputs, unequal_query_and_key_lengths, standard_head_dims, odd_head_dims, noncontiguous_inputs,
+       explicit_softmax_scale, bad_input_errors, different_devices_error)
+
+SPEC_CHECKS = {f.__name__: f for f in CS336 + API}

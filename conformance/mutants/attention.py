@@ -1,0 +1,160 @@
+"""Deliberately broken FlashAttention implementations: the suite must reject every one.
+
+Each mutant is a target (``conformance.mutants.attention:MUTANTS['name']`` or
+``--target conformance.mutants.attention:no_rescale``) whose PyTorch flavour carries one
+classic bug, and names the laws that exist to catch it.  They share one small tiled
+implementation, ``BuggyFlash``, whose bug switches are off in the correct setting; it is
+written for clarity of the bugs, not for speed.
+
+The backward materialises P from the saved L (fine for a mutant: it is the tiling of the
+forward that the forward bugs live in, and the saved L that backward bugs depend on).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+
+TILE = 16
+
+
+def _forward(q, k, v, is_causal, scale, bugs):
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc_dtype = torch.float16 if "fp16_accumulators" in bugs else work
+    if scale is None:
+        scale = 1.0 / q.shape[-1] if "scale_one_over_d" in bugs else 1.0 / math.sqrt(q.shape[-1])
+    qf, kf, vf = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+    if "batch_mixing" in bugs:
+        kf = kf[:1].expand_as(kf)  # every batch element attends to element 0's keys
+    batch, n_q, d = qf.shape
+    n_k = kf.shape[1]
+    o = torch.empty(batch, n_q, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(batch, n_q, dtype=work, device=q.device)
+    key_end = n_k - n_k % TILE if ("drop_partial_tile" in bugs and n_k > TILE) else n_k
+    for qs in range(0, n_q, TILE):
+        qe = min(qs + TILE, n_q)
+        q_i = qf[:, qs:qe].to(work)
+        m = torch.full((batch, qe - qs), float("-inf"), dtype=work, device=q.device)
+        l = torch.zeros((batch, qe - qs), dtype=acc_dtype, device=q.device)
+        acc = torch.zeros((batch, qe - qs, d), dtype=acc_dtype, device=q.device)
+        last = key_end
+        if is_causal:
+            # correct: keys up to row qe-1 inclusive, i.e. stop before qe
+            last = min(key_end, qe - 1 if "causal_skip_needed_tile" in bugs else qe)
+        for ks in range(0, last, TILE):
+            ke = min(ks + TILE, key_end)
+            s = (q_i @ kf[:, ks:ke].to(work).transpose(1, 2)) * scale
+            if is_causal:
+                rows = torch.arange(qs, qe, device=q.device)[:, None]
+                cols = torch.arange(ks, ke, device=q.device)[None, :]
+                shift = 1 if "causal_off_by_one" in bugs else 0  # sees one future key
+                s = s.masked_fill(cols > rows + shift, float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new[..., None])
+            alpha = torch.exp(m - m_new)
+            l = (alpha * l + p.sum(-1)).to(acc_dtype)
+            pv = p @ vf[:, ks:ke].to(work)
+            if "no_rescale" in bugs:
+                acc = (acc + pv).to(acc_dtype)  # forgets to rescale O when the max moves
+            else:
+                acc = (alpha[..., None] * acc + pv).to(acc_dtype)
+            m = m_new
+        out = acc.to(work) if "no_final_normalisation" in bugs else acc.to(work) / l.to(work)[..., None]
+        rows_written = qe - 1 if ("unwritten_last_row" in bugs and qe == n_q) else qe
+        o[:, qs:rows_written] = out[:, : rows_written - qs].to(q.dtype)
+        lse[:, qs:qe] = torch.log(l.to(work)) if "lse_missing_max" in bugs else m + torch.log(l.to(work))
+    if "nondeterministic" in bugs:
+        o = o + (torch.rand((), dtype=torch.float64) < 0.5) * torch.finfo(o.dtype).eps * o.abs()
+    return o.reshape(q.shape), lse.reshape(q.shape[:-1]), scale
+
+
+def _backward(q, k, v, o, lse, do, is_causal, scale, bugs):
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q_, k_, v_, o_, do_ = (t.to(work) for t in (q, k, v, o, do))
+    s = (q_ @ k_.transpose(-1, -2)) * scale
+    if is_causal:
+        i = torch.arange(q.shape[-2], device=q.device)[:, None]
+        j = torch.arange(k.shape[-2], device=q.device)[None, :]
+        s = s.masked_fill(j > i, float("-inf"))
+    p = torch.exp(s - lse.to(work)[..., None])
+    dv = p.transpose(-1, -2) @ do_
+    dp = do_ @ v_.transpose(-1, -2)
+    d_rows = (do_ * o_).sum(-1, keepdim=True)
+    ds = p * dp if "backward_without_D" in bugs else p * (dp - d_rows)
+    dq = (ds @ k_) * scale
+    dk = ds.transpose(-1, -2) @ q_ if "dk_missing_scale" in bugs else (ds.transpose(-1, -2) @ q_) * scale
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def buggy_flash(bugs: frozenset):
+    class BuggyFlash(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, is_causal=False, scale=None):
+            o, lse, used_scale = _forward(q, k, v, bool(is_causal), scale, bugs)
+            if "saves_flattened_lse" in bugs:
+                lse = lse.reshape(-1, lse.shape[-1]) if lse.dim() > 2 else lse.reshape(-1)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.is_causal, ctx.scale = bool(is_causal), used_scale
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            lse = lse.reshape(q.shape[:-1])
+            return (*_backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, bugs), None, None)
+
+    BuggyFlash.__name__ = "BuggyFlash_" + "_".join(sorted(bugs)) if bugs else "BuggyFlash_correct"
+    return BuggyFlash
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    bug: str  # what is wrong, in a sentence
+    caught_by: tuple[str, ...]  # laws (properties.attention_laws) or spec checks that must reject it
+    bugs: frozenset = field(default=frozenset())
+
+    def target(self):
+        fn = buggy_flash(self.bugs or frozenset({self.name}))
+        return SimpleNamespace(get_flashattention_autograd_function_pytorch=lambda: fn, __name__=f"mutant:{self.name}")
+
+
+MUTANT_LIST = (
+    Mutant("no_rescale", "O accumulator not rescaled by exp(m_old - m_new) when the running max moves",
+           ("forward_matches_float64_reference",)),
+    Mutant("causal_off_by_one", "causal mask lets query i see key i+1",
+           ("causal_output_ignores_future_keys", "forward_matches_float64_reference")),
+    Mutant("drop_partial_tile", "the last partial key tile is never visited",
+           ("forward_matches_float64_reference", "permuting_keys_and_values_together_leaves_output_unchanged")),
+    Mutant("scale_one_over_d", "default softmax scale 1/d instead of 1/sqrt(d)",
+           ("forward_matches_float64_reference",)),
+    Mutant("lse_missing_max", "L = log(l) without the running max m",
+           ("logsumexp_is_row_logsumexp_and_at_least_row_max", "gradients_match_float64_reference")),
+    Mutant("backward_without_D", "dS = P * dP, missing the - D_i term (D = rowsum(dO * O))",
+           ("gradients_match_float64_reference", "float64_gradcheck")),
+    Mutant("dk_missing_scale", "dK not multiplied by the softmax scale",
+           ("gradients_match_float64_reference", "float64_gradcheck")),
+    Mutant("causal_skip_needed_tile", "causal tile-skip stops one key short, skipping a needed key tile",
+           ("forward_matches_float64_reference",)),
+    Mutant("fp16_accumulators", "running sum and O accumulator kept in fp16",
+           ("forward_matches_float64_reference",)),
+    Mutant("unwritten_last_row", "the kernel never writes the last query row",
+           ("forward_matches_float64_reference",)),
+    Mutant("no_final_normalisation", "O returned without dividing by the softmax denominator l",
+           ("constant_values_give_constant_output", "forward_matches_float64_reference")),
+    Mutant("batch_mixing", "every batch element attends to batch element 0's keys",
+           ("batch_elements_are_independent", "forward_matches_float64_reference")),
+    Mutant("nondeterministic", "forward adds 1-ulp noise on some calls (e.g. an unordered atomic reduction)",
+           ("forward_is_bitwise_deterministic",)),
+    Mutant("saves_flattened_lse", "L saved as (B*H, N) instead of q.shape[:-1], breaking the CS336 contract",
+           ("spec:saves_one_logsumexp_of_query_shape",)),
+)
+MUTANTS = {m.name: m for m in MUTANT_LIST}
+
+# Every mutant as a module attribute, so `--target conformance.mutants.attention:no_rescale` works.
+globals().update({m.name: m.target() for m in MUTANT_LIST})
+correct = Mutant("correct", "no bug: the mutants' shared implementation with every switch off", ()).target()
+correct.get_flashattention_autograd_function_pytorch = (lambda fn=buggy_flash(frozenset()): fn)
