@@ -21,6 +21,11 @@ from __future__ import annotations
 import os
 import sys
 
+# numpy's OpenBLAS starts one thread per core; on CI's 2 cores, shared with pytest-xdist
+# workers and torch's own threads, the Triton interpreter's small tl.dot matmuls then ran
+# ~100x slower (25 ms instead of 0.2 ms each).  Must be set before numpy is imported.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 
 def _device_from_argv(argv) -> str:
     for i, arg in enumerate(argv):
@@ -52,6 +57,8 @@ from conformance.target import NotOffered, load_target  # noqa: E402
 from conformance.harness import NotEnoughDevices  # noqa: E402
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+pytest_plugins = ["conformance.report"]
 
 
 def pytest_addoption(parser):
