@@ -149,7 +149,8 @@ class RankTimeout(AssertionError):
 class NotEnoughDevices(RuntimeError):
     """The requested world size needs more GPUs than this machine has.
 
-    The message starts with "needs N GPUs", the reason conftest.py skips with.
+    The message starts with "needs N GPUs" ("needs a GPU" for one), the reason conftest.py
+    skips with.
     """
 
 
@@ -193,7 +194,8 @@ def check_world_size(world_size: int, device: str | torch.device | None = None) 
     if dev == "cuda":
         have = torch.cuda.device_count()
         if world_size > have:
-            raise NotEnoughDevices(f"needs {world_size} GPUs: this machine has {have}")
+            need = "a GPU" if world_size == 1 else f"{world_size} GPUs"
+            raise NotEnoughDevices(f"needs {need}: this machine has {have}")
     elif world_size > MAX_CPU_WORLD_SIZE:
         raise ValueError(f"world_size on the CPU must be at most {MAX_CPU_WORLD_SIZE}, got {world_size}")
 

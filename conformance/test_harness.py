@@ -26,6 +26,7 @@ from conformance.harness import (
     RankFailure,
     RankTimeout,
     available_world_sizes,
+    require_world_size,
     run_on_ranks,
 )
 
@@ -52,7 +53,7 @@ def raise_on_rank(ctx: RankContext, bad_rank: int):
     """bad_rank raises; the others wait in an all-reduce it never joins."""
     if ctx.rank == bad_rank:
         raise ValueError(f"deliberate failure on rank {ctx.rank}")
-    t = torch.ones(1)
+    t = torch.ones(1, device=ctx.device)
     dist.all_reduce(t)
     return t
 
@@ -66,7 +67,7 @@ def sleep_on_rank(ctx: RankContext, sleepy_rank: int):
     if ctx.rank == sleepy_rank:
         while True:
             time.sleep(0.1)
-    t = torch.ones(1)
+    t = torch.ones(1, device=ctx.device)
     dist.all_reduce(t)
     return t
 
@@ -74,13 +75,13 @@ def sleep_on_rank(ctx: RankContext, sleepy_rank: int):
 def exit_on_rank(ctx: RankContext, dying_rank: int, code: int):
     if ctx.rank == dying_rank:
         os._exit(code)
-    t = torch.ones(1)
+    t = torch.ones(1, device=ctx.device)
     dist.all_reduce(t)
     return t
 
 
 def nested_tensors(ctx: RankContext):
-    w = torch.randn(3, 2, requires_grad=True)
+    w = torch.randn(3, 2, requires_grad=True, device=ctx.device)
     y = (w * 2).sum(0)  # a non-leaf tensor that requires grad
     return {"w": w, "pair": (y, [torch.arange(ctx.rank + 1)])}
 
@@ -110,12 +111,20 @@ def echo_args(ctx: RankContext, *args, **kwargs):
 # --- results ----------------------------------------------------------------------------
 
 
+@pytest.fixture(params=["cpu", "cuda"])
+def rank_device(request):
+    """The checks that matter on both backends run on gloo (CPU) and on NCCL (GPUs);
+    NCCL ones skip with "needs N GPUs" where there are too few."""
+    return request.param
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_results_come_back_in_rank_order(world_size):
-    results = run_on_ranks(rank_and_sum, world_size, 4, scale=2, timeout=30, device="cpu")
+def test_results_come_back_in_rank_order(world_size, rank_device):
+    require_world_size(world_size, rank_device)
+    results = run_on_ranks(rank_and_sum, world_size, 4, scale=2, timeout=30, device=rank_device)
     total = 2.0 * world_size * (world_size + 1) / 2
     assert [r["rank"] for r in results] == list(range(world_size))
-    assert all(r["world_size"] == world_size and r["backend"] == "gloo" for r in results)
+    assert all(r["world_size"] == world_size and r["backend"] == harness.backend_for(rank_device) for r in results)
     assert all(r["sum"] == [total] * 4 for r in results)
 
 
@@ -127,8 +136,9 @@ def test_args_and_kwargs_reach_every_rank_unchanged():
         assert kwargs == {"n": 3, "t": {"k": [1, 2]}}
 
 
-def test_tensors_in_results_come_back_detached_on_the_cpu():
-    results = run_on_ranks(nested_tensors, 2, timeout=30, device="cpu")
+def test_tensors_in_results_come_back_detached_on_the_cpu(rank_device):
+    require_world_size(2, rank_device)
+    results = run_on_ranks(nested_tensors, 2, timeout=30, device=rank_device)
     for rank, r in enumerate(results):
         assert r["w"].device.type == "cpu" and not r["w"].requires_grad
         assert torch.equal(r["pair"][1][0], torch.arange(rank + 1))
@@ -162,9 +172,10 @@ def test_a_case_costs_milliseconds_once_the_pool_is_up():
 # --- isolation and environment -----------------------------------------------------------
 
 
-def test_global_torch_state_does_not_leak_into_the_next_case():
-    run_on_ranks(change_global_state, 2, timeout=30, device="cpu")
-    for dtype, grad in run_on_ranks(read_global_state, 2, timeout=30, device="cpu"):
+def test_global_torch_state_does_not_leak_into_the_next_case(rank_device):
+    require_world_size(2, rank_device)
+    run_on_ranks(change_global_state, 2, timeout=30, device=rank_device)
+    for dtype, grad in run_on_ranks(read_global_state, 2, timeout=30, device=rank_device):
         assert dtype == "torch.float32" and grad is True
 
 
@@ -233,10 +244,11 @@ def test_nothing_listens_beyond_loopback():
 # --- failures -------------------------------------------------------------------------------
 
 
-def test_an_exception_on_rank_1_names_rank_case_and_traceback_without_waiting_for_the_timeout():
+def test_an_exception_on_rank_1_names_rank_case_and_traceback_without_waiting_for_the_timeout(rank_device):
+    require_world_size(2, rank_device)
     start = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        run_on_ranks(raise_on_rank, 2, 1, timeout=20, device="cpu")
+        run_on_ranks(raise_on_rank, 2, 1, timeout=20, device=rank_device)
     elapsed = time.monotonic() - start
     message = str(info.value)
     assert info.value.rank == 1 and info.value.exc_type == "ValueError"
@@ -245,32 +257,35 @@ def test_an_exception_on_rank_1_names_rank_case_and_traceback_without_waiting_fo
     assert "in raise_on_rank" in info.value.rank_traceback and "_rank_main" not in info.value.rank_traceback
     assert elapsed < 10, f"rank 0 sat in an all-reduce; the failure took {elapsed:.1f} s to surface"
     # and the harness works again
-    assert [r["sum"] for r in run_on_ranks(rank_and_sum, 2, 1, timeout=30, device="cpu")] == [[3.0], [3.0]]
+    assert [r["sum"] for r in run_on_ranks(rank_and_sum, 2, 1, timeout=30, device=rank_device)] == [[3.0], [3.0]]
 
 
-def test_a_failure_on_every_rank_keeps_the_pool():
-    before = run_on_ranks(identity, 2, timeout=30, device="cpu")
+def test_a_failure_on_every_rank_keeps_the_pool(rank_device):
+    require_world_size(2, rank_device)
+    before = run_on_ranks(identity, 2, timeout=30, device=rank_device)
     with pytest.raises(RankFailure, match="symmetric assertion fails on rank 0") as info:
-        run_on_ranks(raise_everywhere, 2, timeout=30, device="cpu")
+        run_on_ranks(raise_everywhere, 2, timeout=30, device=rank_device)
     assert "rank 1 raised AssertionError" in str(info.value)
-    after = run_on_ranks(identity, 2, timeout=30, device="cpu")
+    after = run_on_ranks(identity, 2, timeout=30, device=rank_device)
     assert [r[4] for r in after] == [r[4] for r in before]
 
 
-def test_a_hung_rank_becomes_rank_timeout_naming_what_each_rank_was_doing():
-    run_on_ranks(identity, 2, timeout=30, device="cpu")  # pool up before the clock starts
+def test_a_hung_rank_becomes_rank_timeout_naming_what_each_rank_was_doing(rank_device):
+    require_world_size(2, rank_device)
+    run_on_ranks(identity, 2, timeout=30, device=rank_device)  # pool up before the clock starts
     start = time.monotonic()
     with pytest.raises(RankTimeout) as info:
-        run_on_ranks(sleep_on_rank, 2, 1, timeout=2, device="cpu")
+        run_on_ranks(sleep_on_rank, 2, 1, timeout=2, device=rank_device)
     elapsed = time.monotonic() - start
     message = str(info.value)
     assert 2 <= elapsed < 8, f"the timeout surfaced after {elapsed:.1f} s"
     assert info.value.stuck_ranks == (0, 1)
     assert "sleep_on_rank(1)" in message and "exceeded its timeout of 2 s" in message
     assert "rank 0: still running" in message and "rank 1: still running" in message
-    assert "all_reduce" in message, "rank 0's stack shows the collective it waits in"
+    if rank_device == "cpu":  # gloo blocks in the call; NCCL blocks later, where the result syncs
+        assert "all_reduce" in message, "rank 0's stack shows the collective it waits in"
     assert "time.sleep" in message or "sleep_on_rank" in message
-    assert run_on_ranks(identity, 2, timeout=30, device="cpu")[1][0] == 1
+    assert run_on_ranks(identity, 2, timeout=30, device=rank_device)[1][0] == 1
 
 
 def test_a_rank_waiting_for_a_finished_rank_reports_who_finished():
@@ -280,14 +295,15 @@ def test_a_rank_waiting_for_a_finished_rank_reports_who_finished():
     assert "rank 0: still running" in str(info.value)
 
 
-def test_a_rank_that_dies_is_reported_with_its_exit_code():
+def test_a_rank_that_dies_is_reported_with_its_exit_code(rank_device):
+    require_world_size(2, rank_device)
     start = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        run_on_ranks(exit_on_rank, 2, 1, 7, timeout=20, device="cpu")
+        run_on_ranks(exit_on_rank, 2, 1, 7, timeout=20, device=rank_device)
     assert time.monotonic() - start < 10
     assert info.value.rank == 1
     assert "rank 1 died (exit code 7)" in str(info.value) and "exit_on_rank(1, 7)" in str(info.value)
-    assert [r[0] for r in run_on_ranks(identity, 2, timeout=30, device="cpu")] == [0, 1]
+    assert [r[0] for r in run_on_ranks(identity, 2, timeout=30, device=rank_device)] == [0, 1]
 
 
 def test_an_unpicklable_result_is_a_rank_failure():
@@ -326,8 +342,8 @@ def test_bad_input_is_a_clear_error(call, error, words):
 
 def test_more_ranks_than_gpus_is_not_enough_devices():
     have = torch.cuda.device_count()
-    with pytest.raises(NotEnoughDevices, match=f"needs {have + 1} GPUs"):
-        run_on_ranks(identity, have + 1, device="cuda")
+    with pytest.raises(NotEnoughDevices, match=f"needs {have + 2} GPUs: this machine has {have}"):
+        run_on_ranks(identity, have + 2, device="cuda")
     assert list(available_world_sizes("cuda")) == list(range(1, have + 1))
     assert list(available_world_sizes("cpu")) == list(range(1, 9))
 
