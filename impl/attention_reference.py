@@ -61,5 +61,5 @@ class EagerAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_o):
         q_, k_, v_, o = ctx.graph
-        dq, dk, dv = torch.autograd.grad(o, (q_, k_, v_), grad_o)
+        dq, dk, dv = torch.autograd.grad(o, (q_, k_, v_), grad_o, retain_graph=True)
         return dq, dk, dv, None, None
