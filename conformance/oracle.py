@@ -227,13 +227,13 @@ def attention_magnitudes(q, k, v, grad_o, is_causal: bool, scale: float, dtype=N
     """
     from impl.attention_reference import attention_scores, causal_mask
 
-    q, k, v, do = (t.detach().to("cpu", torch.float64) for t in (q, k, v, grad_o))
+    q, k, v, do = (t.detach().to(torch.float64) for t in (q, k, v, grad_o))  # on their device (GPU float64 is fast)
     s = attention_scores(q, k, is_causal, scale)
     p = torch.softmax(s, dim=-1)
     o = p @ v
     mag_s = scale * (q.abs() @ k.abs().transpose(-1, -2))
     if is_causal:
-        mag_s = mag_s.masked_fill(causal_mask(q.shape[-2], k.shape[-2]), 0.0)
+        mag_s = mag_s.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), 0.0)
     lse = torch.logsumexp(s, dim=-1)
     exp_arg_ulps = eps(torch.float32) / eps(dtype or torch.float32)
     p_recomputed = p * (1 + exp_arg_ulps * (mag_s + lse.abs()[..., None]))

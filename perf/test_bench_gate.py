@@ -1,0 +1,42 @@
+"""The benchmarks the GPU gate compares against a stored per-GPU baseline.
+
+On CUDA: our Triton FlashAttention-2 at B=1, H=16, N=4096, d=64, bf16, causal, forward
+and forward+backward (each round runs several iterations, so launch jitter averages out).
+On the CPU the same code runs at a tiny size under the interpreter, so CI keeps it working;
+CPU numbers are not compared.
+"""
+
+import pytest
+import torch
+
+FLAVOURS = ("forward", "forward_backward")
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@pytest.mark.parametrize("passes", FLAVOURS)
+def test_gate_flash_triton(benchmark, device, passes):
+    from impl.flash_triton import FlashAttentionTriton
+
+    if device.type == "cuda":
+        shape, dtype, rounds, iterations = (1, 16, 4096, 64), torch.bfloat16, 20, 10
+    else:
+        shape, dtype, rounds, iterations = (1, 2, 48, 32), torch.float32, 2, 1
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v, do = (torch.randn(*shape, generator=g).to(device=device, dtype=dtype) for _ in range(4))
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    benchmark.extra_info.update(shape=list(shape), dtype=str(dtype), causal=True, device=str(device))
+    if device.type == "cuda":
+        benchmark.extra_info["gpu"] = torch.cuda.get_device_name(device)
+
+    def run():
+        for _ in range(iterations):
+            o = FlashAttentionTriton.apply(q, k, v, True)
+            if passes == "forward_backward":
+                o.backward(do)
+        _sync(device)
+
+    benchmark.pedantic(run, rounds=rounds, warmup_rounds=2 if device.type == "cuda" else 0, iterations=1)
