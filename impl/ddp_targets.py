@@ -1,0 +1,40 @@
+"""Internal targets for this project's naive and flat wrappers.
+
+They are not CS336 entry points, so the default target ``impl`` does not hand them out;
+these small objects expose them under the 2026 names (``get_ddp``,
+``ddp_on_after_backward``) so the same laws check them:
+
+    pytest properties/test_ddp.py --target impl.ddp_targets:naive
+    pytest properties/test_ddp.py --target impl.ddp_targets:flat
+
+(With the default target, properties/test_ddp.py checks both of them too.)
+"""
+
+from __future__ import annotations
+
+
+class WrapperTarget:
+    """Hands out one wrapper class through the 2026 DDP adapter names."""
+
+    def __init__(self, class_name: str):
+        self.class_name = class_name
+
+    def _cls(self):
+        from . import ddp
+
+        return getattr(ddp, self.class_name)
+
+    def get_ddp(self, module):
+        return self._cls()(module)
+
+    def ddp_on_after_backward(self, model, optimizer):
+        model.finish_gradient_synchronization()
+
+    def __repr__(self) -> str:
+        return f"WrapperTarget({self.class_name})"
+
+
+naive = WrapperTarget("NaiveDDP")
+flat = WrapperTarget("FlatDDP")
+individual = WrapperTarget("OverlappedIndividualDDP")
+bucketed = WrapperTarget("BucketedDDP")

@@ -1,0 +1,77 @@
+"""Data-parallel laws against ``--target``, for every DDP flavour it offers.
+
+Flavours: ``individual`` (2025 get_ddp_individual_parameters), ``bucketed`` (2025
+get_ddp_bucketed), ``ddp2026`` (get_ddp).  With the default target the project's own
+naive and flat wrappers are checked too (``impl.ddp_targets``).  The laws, the random
+models and the oracle comparison are described in ``properties/ddp_laws.py``.
+
+Each example runs one case on a live pool of rank processes (gloo on the CPU, world
+sizes 1 to 4; NCCL on GPUs, up to the number of GPUs).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+
+from properties import ddp_laws as laws
+
+pytestmark = pytest.mark.distributed
+
+OWN_WRAPPERS = {"impl-naive": "impl.ddp_targets:naive", "impl-flat": "impl.ddp_targets:flat"}
+SUBJECTS = [(f, None) for f in laws.FLAVOURS] + [("ddp2026", name) for name in OWN_WRAPPERS]
+
+
+@pytest.fixture(params=SUBJECTS, ids=[own or flavour for flavour, own in SUBJECTS])
+def subject(request, target):
+    """(target spec, flavour); skipped as "not offered" when the target lacks the flavour."""
+    flavour, own = request.param
+    if own is not None:
+        if target.spec != "impl":
+            pytest.skip(f"{own} checks impl's own wrappers; it runs with the default target")
+        spec = OWN_WRAPPERS[own]
+    else:
+        spec = target.spec
+    laws.probe(spec, flavour)
+    return spec, flavour
+
+
+def _applicable(law: str, subject) -> None:
+    reason = laws.not_applicable(law, *subject)
+    if reason:
+        pytest.skip(f"not offered: {reason}")
+
+
+@given(case=laws.training_cases())
+def test_replicas_are_bit_identical_and_match_one_process_on_the_whole_batch(subject, case):
+    laws.law_replicas_identical_and_match_single_process(*subject, case)
+
+
+def test_no_sync_micro_batches_then_a_synced_step_equal_one_step_on_their_concatenation(subject):
+    _applicable("no_sync", subject)
+
+    @given(case=laws.no_sync_cases())
+    def law(case):
+        laws.law_no_sync_accumulation_equals_concatenated_batch(*subject, case)
+
+    law()
+
+
+def test_buckets_partition_the_trainable_parameters_in_reverse_registration_order_within_the_cap(subject):
+    _applicable("layout", subject)
+
+    @given(layout_case=laws.layout_cases())
+    def law(layout_case):
+        laws.law_buckets_partition_in_reverse_order(*subject, layout_case)
+
+    law()
+
+
+def test_a_gradient_collective_is_issued_while_backward_still_produces_gradients(subject):
+    _applicable("overlap", subject)
+
+    @given(case=laws.overlap_cases())
+    def law(case):
+        laws.law_collective_overlaps_backward(*subject, case)
+
+    law()
