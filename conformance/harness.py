@@ -43,7 +43,10 @@ Contract
       a ``RankFailure`` with its exit code.  After any of these the pool is killed and
       the next call starts a fresh one; the one exception is a case where *every* rank
       raised (a symmetric failed assertion): the ranks re-synchronise with a barrier and
-      the pool is kept, so a failing Hypothesis example does not pay for a respawn.
+      the pool is kept, so a failing Hypothesis example does not pay for a respawn.  When
+      every rank raised ``conformance.target.NotOffered`` (the target lacks a capability),
+      that ``NotOffered`` is raised in the parent instead, and the check is reported as
+      not offered.
     - Isolation: after each case, every rank restores grad mode and the default dtype
       and passes a barrier (which also drains the group's pending asynchronous work;
       NCCL ranks synchronise their device) before it reports its result; the parent
@@ -89,6 +92,8 @@ from typing import Any, Callable
 
 import torch
 
+from conformance.target import NotOffered
+
 MAX_CPU_WORLD_SIZE = 8
 # Collectives time out after this many seconds at least (the case timeout if larger).
 MIN_COLLECTIVE_TIMEOUT_S = 60.0
@@ -121,16 +126,20 @@ class RankFailure(AssertionError):
     """A rank raised (or died) while running a case.
 
     ``rank`` is the rank blamed first (a dead rank before one that raised), ``case`` the
-    case's description, ``exc_type`` the exception's type name ("" for a dead rank) and
-    ``rank_traceback`` the rank's formatted traceback.
+    case's description, ``exc_type`` the exception's type name ("" for a dead rank),
+    ``exc_message`` its ``str()`` and ``rank_traceback`` the rank's formatted traceback.
     """
 
-    def __init__(self, message: str, *, rank: int | None = None, case: str = "", exc_type: str = "", rank_traceback: str = ""):
+    def __init__(
+        self, message: str, *, rank: int | None = None, case: str = "", exc_type: str = "",
+        rank_traceback: str = "", exc_message: str = "",
+    ):
         super().__init__(message)
         self.rank = rank
         self.case = case
         self.exc_type = exc_type
         self.rank_traceback = rank_traceback
+        self.exc_message = exc_message
 
 
 class RankTimeout(AssertionError):
@@ -334,7 +343,7 @@ def _rank_main(rank, world_size, backend, store_path, collective_timeout_s, conn
             torch.set_default_dtype(default_dtype)
             _barrier(dist, backend, rank)
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            conn.send(("error", case_id, type(exc).__name__, _format_case_exception(exc)))
+            conn.send(("error", case_id, type(exc).__name__, _format_case_exception(exc), str(exc)))
             continue
         conn.send(("result", case_id, payload))
 
@@ -419,14 +428,26 @@ class _Pool:
                 conn.send(("case", case_id, payload))
             except (BrokenPipeError, OSError):
                 self.procs[rank].join(timeout=0.5)
-                raise self._fail(
-                    RankFailure,
-                    f"rank {rank} of {self.label} is dead (exit code {self.procs[rank].exitcode}) before case {case}",
+                code = self.procs[rank].exitcode
+                self.close()
+                raise RankFailure(
+                    f"rank {rank} of {self.label} was dead (exit code {code}) before case {case} started; "
+                    "the pool was torn down",
                     rank=rank,
                     case=case,
                 )
         state = self._collect(case_id, case, timeout, expect="result")
-        return [pickle.loads(data) for data in state.results]
+        results = []
+        for rank, data in enumerate(state.results):
+            try:
+                results.append(pickle.loads(data))
+            except Exception as exc:  # noqa: BLE001 - the ranks are fine; the parent cannot read this
+                raise RankFailure(
+                    f"the result of rank {rank} in case {case} cannot be unpickled in the parent: "
+                    f"{type(exc).__name__}: {exc}",
+                    rank=rank, case=case, exc_type=type(exc).__name__,
+                ) from exc
+        return results
 
     def _collect(self, case_id: int, case: str, timeout: float, expect: str) -> "_CaseState":
         """Wait for ``expect`` from every rank; raise RankFailure/RankTimeout otherwise."""
@@ -460,7 +481,7 @@ class _Pool:
             self._mark_dead(rank, state)
             return
         kind, msg_case = message[0], message[1]
-        if msg_case != case_id and kind != "error":
+        if msg_case != case_id:
             return  # a stale message from an earlier case
         if kind == "phase":
             state.phase[rank] = message[2]
@@ -469,6 +490,7 @@ class _Pool:
             state.pending.discard(rank)
         elif kind == "error":
             state.errors[rank] = (message[2], message[3])
+            state.messages[rank] = message[4] if len(message) > 4 else ""
             state.pending.discard(rank)
 
     def _mark_dead(self, rank: int, state: "_CaseState") -> None:
@@ -507,7 +529,7 @@ class _Pool:
             if rank not in state.dead and rank not in state.errors and not proc.is_alive():
                 self._mark_dead(rank, state)
 
-    def _failure(self, state: "_CaseState", case: str, expect: str) -> RankFailure:
+    def _failure(self, state: "_CaseState", case: str, expect: str) -> Exception:
         keep = (
             expect == "result"
             and not state.dead
@@ -535,7 +557,12 @@ class _Pool:
         message = head + "\n" + "\n".join(lines) + "\n" + tail
         if not keep:
             self.close()
-        return RankFailure(message, rank=first, case=case, exc_type=exc_type, rank_traceback=tb)
+        elif all(etype == "NotOffered" for etype, _ in state.errors.values()):
+            # the target lacks the capability on every rank: "not offered", not a failure
+            return NotOffered(state.messages.get(0, "") or f"raised on every rank in case {case}")
+        return RankFailure(
+            message, rank=first, case=case, exc_type=exc_type, rank_traceback=tb, exc_message=state.messages.get(first, "")
+        )
 
     def _resync(self) -> bool:
         """Every rank raised: bring them back to a barrier; False if that fails."""
@@ -598,6 +625,10 @@ class _Pool:
     # teardown ----------------------------------------------------------------
 
     def close(self) -> None:
+        """Kill the ranks and forget the pool; safe to call twice and from a failed close."""
+        key = getattr(self, "key", None)
+        if _POOLS.get(key) is self:
+            del _POOLS[key]
         if self.closed:
             return
         self.closed = True
@@ -609,14 +640,13 @@ class _Pool:
         for proc in self.procs:
             if proc.is_alive():
                 proc.kill()
-        for proc in self.procs:
-            proc.join(timeout=5.0)
-        for conn in self.conns:
-            conn.close()
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
-        key = getattr(self, "key", None)
-        if _POOLS.get(key) is self:
-            del _POOLS[key]
+        try:
+            for proc in self.procs:
+                proc.join(timeout=5.0)
+        finally:
+            for conn in self.conns:
+                conn.close()
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def alive(self) -> bool:
         return not self.closed and all(p.is_alive() for p in self.procs)
@@ -628,6 +658,7 @@ class _CaseState:
         self.results: list = [None] * world_size
         self.errors: dict[int, tuple[str, str]] = {}
         self.dead: dict[int, int | None] = {}
+        self.messages: dict[int, str] = {}  # str(exception) per rank that raised
         self.phase = ["waiting for the case"] * world_size
 
 
@@ -744,4 +775,10 @@ def run_on_ranks(fn: Callable, world_size: int, *args, timeout: float = 60.0, de
         raise TypeError(f"case {case} cannot be sent to the ranks: {type(exc).__name__}: {exc}") from exc
     with _LOCK:
         pool = _get_pool(world_size, backend_for(dev), timeout)
-        return pool.run(payload, case, float(timeout))
+        try:
+            return pool.run(payload, case, float(timeout))
+        except (RankFailure, RankTimeout):
+            raise  # the pool was kept or torn down as the failure required
+        except BaseException:
+            pool.close()  # interrupted mid-case (Ctrl-C): the ranks' state is unknown
+            raise

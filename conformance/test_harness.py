@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from conformance import harness
+from conformance.target import NotOffered
 from conformance.harness import (
     NotEnoughDevices,
     RankContext,
@@ -106,6 +107,16 @@ def read_env(ctx: RankContext, names):
 
 def echo_args(ctx: RankContext, *args, **kwargs):
     return args, kwargs
+
+
+def not_offered_everywhere(ctx: RankContext):
+    raise NotOffered("target 'x' has no get_ddp()")
+
+
+def not_offered_on_rank_0(ctx: RankContext):
+    if ctx.rank == 0:
+        raise NotOffered("target 'x' has no get_ddp()")
+    return ctx.rank
 
 
 # --- results ----------------------------------------------------------------------------
@@ -304,6 +315,29 @@ def test_a_rank_that_dies_is_reported_with_its_exit_code(rank_device):
     assert info.value.rank == 1
     assert "rank 1 died (exit code 7)" in str(info.value) and "exit_on_rank(1, 7)" in str(info.value)
     assert [r[0] for r in run_on_ranks(identity, 2, timeout=30, device=rank_device)] == [0, 1]
+
+
+def test_not_offered_on_every_rank_is_not_offered_in_the_parent():
+    with pytest.raises(NotOffered, match="has no get_ddp"):
+        run_on_ranks(not_offered_everywhere, 2, timeout=20, device="cpu")
+    with pytest.raises(RankFailure, match="rank 0 raised NotOffered") as info:
+        run_on_ranks(not_offered_on_rank_0, 2, timeout=20, device="cpu")
+    assert info.value.exc_type == "NotOffered" and "has no get_ddp" in info.value.exc_message
+
+
+def test_an_interrupted_case_tears_the_pool_down(monkeypatch):
+    """The parent stopped waiting mid-case (Ctrl-C, say): the ranks' state is unknown."""
+    pids = [r[4] for r in run_on_ranks(identity, 2, timeout=30, device="cpu")]
+
+    def interrupted(*args, **kwargs):
+        raise RuntimeError("interrupted while waiting")
+
+    monkeypatch.setattr(harness._Pool, "_collect", interrupted)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run_on_ranks(identity, 2, timeout=30, device="cpu")
+    monkeypatch.undo()
+    assert _wait_gone(pids, 5) == []
+    assert [r[0] for r in run_on_ranks(identity, 2, timeout=30, device="cpu")] == [0, 1]
 
 
 def test_an_unpicklable_result_is_a_rank_failure():
