@@ -495,3 +495,50 @@ def test_torchrun_expect_equal_compares_results_bitwise(a, b, equal):
     from conformance.harness_torchrun import same
 
     assert same(a, b) is equal
+
+
+# --- the checks above catch a broken harness ----------------------------------------------------
+#
+# Each mutant breaks one promise on the parent side (monkeypatched for one call of the check
+# that guards it); the check must fail against it.  The rank-side promises (timeouts, deaths,
+# stack dumps) are guarded by checks whose failure modes are hangs, so they are shown by the
+# failure-path tests above rather than by mutants here.
+
+
+def _results_reversed(monkeypatch):
+    run = harness._Pool.run
+    monkeypatch.setattr(harness._Pool, "run", lambda self, *a, **k: list(reversed(run(self, *a, **k))))
+
+
+def _symmetric_failure_respawns(monkeypatch):
+    monkeypatch.setattr(harness._Pool, "_resync", lambda self: False)
+
+
+def _pool_ignores_the_environment(monkeypatch):
+    monkeypatch.setattr(harness, "_env_snapshot", lambda: ())
+
+
+def _not_offered_is_a_failure(monkeypatch):
+    failure = harness._Pool._failure
+
+    def failure_without_conversion(self, state, case, expect):
+        exc = failure(self, state, case, expect)
+        return RankFailure(str(exc)) if isinstance(exc, NotOffered) else exc
+
+    monkeypatch.setattr(harness._Pool, "_failure", failure_without_conversion)
+
+
+HARNESS_MUTANTS = [
+    (_results_reversed, lambda mp: test_results_come_back_in_rank_order(2, "cpu")),
+    (_symmetric_failure_respawns, lambda mp: test_a_failure_on_every_rank_keeps_the_pool("cpu")),
+    (_pool_ignores_the_environment, lambda mp: test_a_changed_suite_environment_replaces_the_pool(mp)),
+    (_not_offered_is_a_failure, lambda mp: test_not_offered_on_every_rank_is_not_offered_in_the_parent()),
+]
+
+
+@pytest.mark.parametrize("mutant, check", HARNESS_MUTANTS, ids=[m.__name__.strip("_") for m, _ in HARNESS_MUTANTS])
+def test_each_harness_mutant_is_caught_by_its_check(mutant, check):
+    with pytest.MonkeyPatch.context() as mp:
+        mutant(mp)
+        with pytest.raises((AssertionError, pytest.fail.Exception)):
+            check(mp)
