@@ -26,9 +26,16 @@ Contract
       intra-op threads, at least one).  ``cuda`` uses NCCL with rank r on ``cuda:r``;
       a world size above ``torch.cuda.device_count()`` raises ``NotEnoughDevices``
       (conftest.py reports it as a skip "needs N GPUs").
-    - Pools: one per (world size, backend, collective timeout, target environment),
-      started lazily (~2 s per pool here) and reused across tests and Hypothesis examples,
-      so a case costs milliseconds.  Several pools can be alive at once.
+    - Pools: one per (world size, backend), started lazily (2 to 10 s on the shared
+      2-core box: every rank imports torch) and reused across tests and Hypothesis
+      examples, so a case costs milliseconds (perf/RESULTS.md).  Several pools can be
+      alive at once, up to ``SUITE_HARNESS_MAX_RANKS`` (12) rank processes in all; the
+      least recently used pool is closed first.  A pool is replaced when a case asks for
+      a timeout longer than its collectives' timeout, or when the suite's environment
+      changed (below).
+    - Helpers: ``available_world_sizes(device)`` (a range), ``require_world_size(n,
+      device)`` (skips a test with "needs N GPUs"), ``resolve_device(device)``,
+      ``live_pools()``, ``shutdown_pools()``.
     - Rendezvous: a ``FileStore`` in a fresh temporary directory per pool, so pytest-xdist
       workers never collide and no store listens on a port.  gloo and NCCL bootstrap
       sockets are pinned to the loopback interface (``GLOO_SOCKET_IFNAME`` /
@@ -69,7 +76,10 @@ torchrun
 
     See ``conformance/harness_torchrun.py``: each rank runs the case once, rank 0 gathers
     the results with ``all_gather_object`` and prints them as one JSON line
-    (``--expect-equal`` fails unless every rank returned the same result).
+    (``--expect-equal`` fails unless every rank returned the same result).  Unlike the
+    pool, torchrun's agent serves its TCP store on every interface (torch binds it so,
+    whatever host is named); the suite's one torchrun test therefore runs it inside a
+    private network namespace (``unshare -rn``) where that works.
 """
 
 from __future__ import annotations
