@@ -74,10 +74,11 @@ from hypothesis import note
 from hypothesis import strategies as st
 
 from conformance import oracle
+from conformance.ddp_flavours import FLAVOURS, FlavourAPI, flavour_api, not_offered_result, raise_if_not_offered
 from conformance.harness import available_world_sizes, run_on_ranks
 from conformance.target import NotOffered, load_target
 
-FLAVOURS = ("individual", "bucketed", "ddp2026")
+__all__ = ["FLAVOURS", "FlavourAPI", "flavour_api", "LAWS"]
 MAX_CPU_WORLD = 4
 CASE_TIMEOUT_S = 60.0
 MIB = 1 << 20
@@ -293,50 +294,7 @@ def row_loss_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return 0.5 * (out - y.to(out.dtype)).pow(2).sum()
 
 
-# =======================================================================================
-# Flavours: how a target's DDP flavour is wrapped and driven
-# =======================================================================================
-
-
-@dataclass
-class FlavourAPI:
-    name: str
-    wrap: object  # (module, bucket_size_mb) -> wrapped module
-    after_backward: object  # (model, optimizer) -> None
-    batch_start: object = None  # (model, optimizer) -> None, or None
-
-    def start_batch(self, model, optimizer) -> None:
-        if self.batch_start is not None:
-            self.batch_start(model, optimizer)
-
-
-def flavour_api(target, flavour: str) -> FlavourAPI:
-    """The entry points of one flavour; NotOffered if a factory is missing."""
-    if flavour == "individual":
-        make = target.factory("get_ddp_individual_parameters")
-        return FlavourAPI(flavour, lambda m, b: make(m), target.factory("ddp_individual_parameters_on_after_backward"))
-    if flavour == "bucketed":
-        make = target.factory("get_ddp_bucketed")
-        return FlavourAPI(
-            flavour,
-            lambda m, b: make(m, b),
-            target.factory("ddp_bucketed_on_after_backward"),
-            target.factory("ddp_bucketed_on_train_batch_start") if target.has("ddp_bucketed_on_train_batch_start") else None,
-        )
-    if flavour == "ddp2026":
-        make = target.factory("get_ddp")
-        return FlavourAPI(flavour, lambda m, b: make(m), target.factory("ddp_on_after_backward"))
-    raise ValueError(f"unknown DDP flavour {flavour!r}; expected one of {FLAVOURS}")
-
-
-def _not_offered(exc: Exception) -> dict:
-    return {"not_offered": str(exc)}
-
-
-def raise_if_not_offered(results: list) -> None:
-    for r in results:
-        if isinstance(r, dict) and "not_offered" in r:
-            raise NotOffered(r["not_offered"])
+_not_offered = not_offered_result  # flavours live in conformance.ddp_flavours
 
 
 # =======================================================================================

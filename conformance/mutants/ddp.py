@@ -9,6 +9,7 @@ that must reject it (``properties/test_ddp_mutants.py`` checks that they do):
     no_sync         accumulation under no_sync(): silent, and equal to the concatenated batch
     layout          buckets partition the trainable parameters in reverse registration order
     overlap         a collective is issued while backward still produces gradients
+    spec:<case>     a fixed spec case of ``conformance.ddp_spec`` (two ranks)
 
 Most bugs only show with two or more ranks; the mutant runner draws world sizes >= 2.
 """
@@ -229,18 +230,18 @@ class _Spec:
 
 
 _MUTANTS = {
-    "sum_not_mean": (SumNotMean, _Spec("gradients summed over ranks, not averaged", ("replicas_match",), "bucketed")),
-    "no_broadcast_at_wrap": (NoBroadcastAtWrap, _Spec("rank 0's parameters and buffers are not broadcast at wrap", ("replicas_match",), "individual")),
-    "buffers_not_broadcast": (BuffersNotBroadcast, _Spec("buffers are not broadcast at wrap", ("replicas_match",), "bucketed")),
-    "last_bucket_never_sent": (LastBucketNeverSent, _Spec("the last bucket is never all-reduced", ("replicas_match",), "bucketed")),
-    "finish_does_not_wait": (FinishDoesNotWait, _Spec("finish returns before the all-reduces complete", ("replicas_match",), "individual")),
+    "sum_not_mean": (SumNotMean, _Spec("gradients summed over ranks, not averaged", ("replicas_match", "spec:exact_average", "spec:toy_training"), "bucketed")),
+    "no_broadcast_at_wrap": (NoBroadcastAtWrap, _Spec("rank 0's parameters and buffers are not broadcast at wrap", ("replicas_match", "spec:wrap_broadcast", "spec:toy_training_tied"), "individual")),
+    "buffers_not_broadcast": (BuffersNotBroadcast, _Spec("buffers are not broadcast at wrap", ("replicas_match", "spec:wrap_broadcast"), "bucketed")),
+    "last_bucket_never_sent": (LastBucketNeverSent, _Spec("the last bucket is never all-reduced", ("replicas_match", "spec:exact_average"), "bucketed")),
+    "finish_does_not_wait": (FinishDoesNotWait, _Spec("finish returns before the all-reduces complete", ("replicas_match", "spec:exact_average"), "individual")),
     "tied_weight_in_two_buckets": (TiedWeightInTwoBuckets, _Spec("a tied weight is bucketed and reduced once per name", ("layout",), "bucketed")),
-    "frozen_parameter_reduced": (FrozenParameterReduced, _Spec("frozen parameters are bucketed and get zero gradients", ("layout", "replicas_match"), "bucketed")),
-    "missing_gradient_becomes_zero": (MissingGradientBecomesZero, _Spec("a gradient no rank produced becomes zero, not None", ("replicas_match",), "bucketed")),
-    "stale_ready_set_after_no_sync": (StaleReadySetAfterNoSync, _Spec("no_sync leaves bucket bookkeeping stale for the next synced backward", ("no_sync",), "bucketed")),
-    "bucket_order_depends_on_rank": (BucketOrderDependsOnRank, _Spec("buckets assembled in a different order on different ranks", ("replicas_match", "layout"), "bucketed")),
+    "frozen_parameter_reduced": (FrozenParameterReduced, _Spec("frozen parameters are bucketed and get zero gradients", ("layout", "replicas_match", "spec:frozen_and_unused"), "bucketed")),
+    "missing_gradient_becomes_zero": (MissingGradientBecomesZero, _Spec("a gradient no rank produced becomes zero, not None", ("replicas_match", "spec:frozen_and_unused"), "bucketed")),
+    "stale_ready_set_after_no_sync": (StaleReadySetAfterNoSync, _Spec("no_sync leaves bucket bookkeeping stale for the next synced backward", ("no_sync", "spec:no_sync_accumulate"), "bucketed")),
+    "bucket_order_depends_on_rank": (BucketOrderDependsOnRank, _Spec("buckets assembled in a different order on different ranks", ("replicas_match", "layout", "spec:exact_average"), "bucketed")),
     "no_overlap": (NoOverlap, _Spec("all buckets launched after backward", ("overlap",), "bucketed")),
-    "no_sync_still_communicates": (NoSyncStillCommunicates, _Spec("no_sync() still reduces every micro-batch", ("no_sync",), "bucketed")),
+    "no_sync_still_communicates": (NoSyncStillCommunicates, _Spec("no_sync() still reduces every micro-batch", ("no_sync", "spec:no_sync_accumulate"), "bucketed")),
     "bucket_overflows_cap": (BucketOverflowsCap, _Spec("a bucket closes only after exceeding the cap", ("layout",), "bucketed")),
 }
 
