@@ -31,7 +31,6 @@ the ``state`` of any optimizer it holds as an attribute (ZeroRedundancyOptimizer
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
 
@@ -110,9 +109,6 @@ def saved_activation_bytes(exclude=()):
 
 # --- formulas ----------------------------------------------------------------------------
 
-STATE_ELEMENTS_PER_PARAM_ELEMENT = {"Adam": 2, "AdamW": 2, "SGD_momentum": 1, "RMSprop": 1, "Adagrad": 1}
-
-
 def adam_state_bytes(n_elements: int, n_params: int, state_dtype_bytes: int = 4) -> int:
     """exp_avg + exp_avg_sq in the parameters' dtype, and one fp32 step scalar per parameter."""
     return 2 * state_dtype_bytes * n_elements + 4 * n_params
@@ -124,7 +120,7 @@ def sharded_adam_state_bound(total_elements: int, largest_elements: int, world_s
 
 
 def gpt_activation_bytes(cfg, batch: int, seq: int, float_bytes: int = 4) -> int:
-    """Bytes autograd saves in one forward of ``perf.gpt.GPT`` (fp32, SDPA, contiguous ids).
+    """Bytes autograd saves in one forward of ``perf.gpt.GPT`` (fp32, SDPA, ids in their own storage).
 
     Per block, T = seq, C = d_model, F = d_ff, H = heads:
       each RMSNorm (2):  its input x (the residual stream, BTC), r = rsqrt(mean x^2 + eps)
@@ -143,18 +139,6 @@ def gpt_activation_bytes(cfg, batch: int, seq: int, float_bytes: int = 4) -> int
     per_block = 2 * norm + 4 * b * t * c + b * h * t + 2 * b * t * f
     floats = cfg.n_layers * per_block + norm
     return float_bytes * floats + 8 * (b * t + t)
-
-
-@dataclass
-class MemoryBreakdown:
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    activations: int
-    peak: int | None = None
-
-    def as_dict(self) -> dict:
-        return dict(vars(self))
 
 
 def gib(n: float) -> float:
