@@ -25,6 +25,9 @@ Contract
     tile and batch-head, looping over query tiles, from the diagonal on under causal);
     a dQ kernel (one program per query tile and batch-head, looping over key tiles).
     P = exp(S - L) is recomputed; no atomics; N_q x N_k is never materialised.
+    Scores s = Q K^T come out bit-identical in the forward and both backward kernels, and
+    the kernels compile without fused multiply-add, so the backward's exp(scale s - L) is
+    exactly 1 where a row sees one key (see _scores and _launch).
     Tile sizes: a small table per (device kind, dtype, head dim); ``flash_forward`` and
     ``flash_backward`` take a ``config`` override (ForwardConfig / BackwardConfig or a
     dict of their fields).
@@ -92,9 +95,9 @@ def _scores(a, b, acc, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
     The forward, dQ and dK/dV kernels must agree on every score to the last bit: the
     backward's P = exp(scale s - L) is then exactly 1 where one key holds all the weight,
     as in the eager softmax (a few ulps of disagreement, times |S| in the hundreds, broke
-    the fp32 oracle).  On the GPU, tl.dot over the same d is expected to round alike for
-    any tile shape and operand order (perf/attention_gpu_check.py probes it); numpy's BLAS
-    under the interpreter does not, so there each score is a plain sum over d.
+    the fp32 oracle).  On the GPU, tl.dot over the same d rounds alike for any tile shape
+    and operand order (perf/attention_gpu_check.py probes it, fp32/fp16/bf16); numpy's
+    BLAS under the interpreter does not, so there each score is a plain sum over d.
     """
     if INTERPRETED:
         s = acc + tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], 2)  # exact products
@@ -416,7 +419,7 @@ _INTERPRETER_BWD = BackwardConfig(64, 64, 64, 64, 4, 1)
 # GPU (sm80/sm90): (dtype is 32-bit, head-dim bound) -> config.  Shared memory holds
 # num_stages copies of the K and V tiles (forward) or the Q and dO tiles (backward).
 _GPU_FWD = {
-    (False, 64): ForwardConfig(128, 64, 4, 3),
+    (False, 64): ForwardConfig(128, 64, 8, 3),  # first pick; perf/attention_gpu_check.py sweeps a few
     (False, 128): ForwardConfig(128, 64, 8, 3),
     (False, 256): ForwardConfig(64, 32, 4, 2),
     (True, 64): ForwardConfig(64, 32, 4, 2),
@@ -424,7 +427,7 @@ _GPU_FWD = {
     (True, 256): ForwardConfig(32, 32, 4, 1),
 }
 _GPU_BWD = {
-    (False, 64): BackwardConfig(128, 32, 128, 32, 4, 3, 128),
+    (False, 64): BackwardConfig(64, 64, 64, 64, 4, 2, 128),  # first pick, as above
     (False, 128): BackwardConfig(64, 32, 64, 32, 4, 2, 128),
     (False, 256): BackwardConfig(32, 32, 32, 32, 4, 1, 64),
     (True, 64): BackwardConfig(64, 32, 64, 32, 4, 2, 64),
@@ -498,15 +501,23 @@ def _dot_settings(dtype: torch.dtype) -> dict:
 
 
 def _launch(kernel, grid, args, constexprs, config, device):
-    """Launch; on a GPU that lacks the resources for this config, fall back to a lighter one."""
-    launch_opts = {} if device.type != "cuda" else dict(num_warps=config.num_warps, num_stages=config.num_stages)
+    """Launch; on a GPU that lacks the resources for this config, fall back to a lighter one.
+
+    enable_fp_fusion=False: scale * s must round to the same bits in the forward's L and
+    in the backward's exp(scale s - L); a fused multiply-add there skips that rounding
+    (seen on an H100: fp32, d=80, a row with one visible key got P = 1 - 2e-6, not 1).
+    """
+    if device.type != "cuda":  # the interpreter takes no launch options
+        kernel[grid](*args, **constexprs)
+        return
+    opts = dict(num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=False)
     try:
-        kernel[grid](*args, **constexprs, **launch_opts)
+        kernel[grid](*args, **constexprs, **opts)
     except triton.runtime.errors.OutOfResources as exc:
-        if device.type != "cuda" or launch_opts["num_stages"] <= 1:
+        if opts["num_stages"] <= 1:
             raise
         warnings.warn(f"{kernel.fn.__name__}: {exc}; retrying with num_stages=1", RuntimeWarning, stacklevel=3)
-        kernel[grid](*args, **constexprs, num_warps=config.num_warps, num_stages=1)
+        kernel[grid](*args, **constexprs, **{**opts, "num_stages": 1})
 
 
 def _forward(q, k, v, is_causal: bool, scale: float, config: ForwardConfig | None = None):
