@@ -257,6 +257,7 @@ def test_nothing_listens_beyond_loopback():
 
 def test_an_exception_on_rank_1_names_rank_case_and_traceback_without_waiting_for_the_timeout(rank_device):
     require_world_size(2, rank_device)
+    run_on_ranks(identity, 2, timeout=60, device=rank_device)  # pool up before the clock starts
     start = time.monotonic()
     with pytest.raises(RankFailure) as info:
         run_on_ranks(raise_on_rank, 2, 1, timeout=20, device=rank_device)
@@ -308,6 +309,7 @@ def test_a_rank_waiting_for_a_finished_rank_reports_who_finished():
 
 def test_a_rank_that_dies_is_reported_with_its_exit_code(rank_device):
     require_world_size(2, rank_device)
+    run_on_ranks(identity, 2, timeout=60, device=rank_device)  # pool up before the clock starts
     start = time.monotonic()
     with pytest.raises(RankFailure) as info:
         run_on_ranks(exit_on_rank, 2, 1, 7, timeout=20, device=rank_device)
