@@ -14,10 +14,12 @@ Contract
     for the P V product.  Softmax statistics are always float32.
     Devices: CUDA, or CPU under the Triton interpreter (TRITON_INTERPRET=1 set before
     triton is imported).  Under the interpreter, bfloat16 dot operands are widened to
-    float32 (the interpreter's bf16 dot is wrong); every other step is the GPU's.
+    float32 (the interpreter's bf16 dot is wrong; bf16 products are exact in float32, as
+    in the GPU's MMA) and scores are summed over d in a fixed order (see _scores).
     is_causal: query i sees keys j <= i, top-left aligned (absolute indices, also for
-    N_q != N_k).  scale: softmax scale, default 1/sqrt(d); the kernels work in base 2
-    with scale * log2(e) folded into the scores.
+    N_q != N_k).  scale: softmax scale, default 1/sqrt(d).  The forward keeps the
+    running max in raw-score units and folds scale * log2(e) into one multiply before
+    exp2; the backward computes exp2((scale s - L) * log2(e)).
     Returns O in the input dtype (contiguous, shape of q).  Saved for backward: q, k, v,
     O, and L = logsumexp of the scaled scores (natural log, float32, shape q.shape[:-1],
     contiguous), the only saved tensor of that shape.
