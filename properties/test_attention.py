@@ -36,6 +36,6 @@ def test_bf16_is_checked_where_it_can_run(device):
     from conformance.strategies import budget_for
 
     if device.type != "cuda":
-        pytest.skip("needs a GPU: bf16 Triton kernels cannot run under the CPU interpreter")
+        pytest.skip("needs a GPU: the Triton interpreter's bf16 tl.dot is broken (triton issue 11584), so bf16 is drawn on CUDA")
     for flavour in FLAVOURS:
         assert torch.bfloat16 in budget_for(flavour, device).dtypes
