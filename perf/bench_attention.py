@@ -1,0 +1,370 @@
+"""The attention sweep: causal attention timed and measured across sequence length, head
+dim and dtype, ours against eager PyTorch and torch SDPA's backends.
+
+    python -m perf.bench_attention [--seq 128:65536] [--dims 16 32 64 128] [--dtypes bf16 fp32]
+        [--impls triton eager sdpa_flash sdpa_cudnn sdpa_efficient] [--passes forward backward forward_backward]
+        [--batch 1] [--heads 1] [--time-budget-s S] [--target SPEC] [--out DIR] [--device auto|cpu|cuda]
+
+The grid is CS336's flash_benchmarking one: batch 1, causal, sequence lengths 128 to 65536
+(powers of two), head dims 16 to 128, bfloat16 and float32; one head unless ``--heads``.
+Inputs are (B, H, N, d) standard normal.
+
+Implementations (``--impls``)
+    triton           this target's FlashAttention-2 in Triton (default target: impl)
+    pytorch          this target's FlashAttention-2 in PyTorch tiles
+    eager            S = Q K^T / sqrt(d), causal mask, softmax, P V; autograd backward
+    sdpa             torch SDPA, backend of PyTorch's choosing
+    sdpa_flash, sdpa_cudnn, sdpa_efficient, sdpa_math
+                     torch SDPA forced to one backend with torch.nn.attention.sdpa_kernel;
+                     "unsupported" where that backend has no kernel for the inputs
+                     (flash and cuDNN take no float32)
+
+Passes: ``forward`` (the training forward: autograd records), ``backward`` (backward
+alone, from one forward's graph kept with retain_graph) and ``forward_backward``.
+Time: the median of ``triton.testing.do_bench`` on CUDA (a perf_counter median on the
+CPU).  Memory: torch.cuda.max_memory_allocated over one call of the pass, inputs and
+(for backward) the forward's saved tensors included.  A case that runs out of memory is
+recorded as "OOM" (the error is caught, memory freed, the sweep goes on).  ``--time-budget-s``
+stops between cases and writes what was measured.
+
+Outputs in ``--out`` (default ``perf-out/``): attention.md (time and memory tables),
+attention.csv, attention.json, attention_time.png and attention_memory.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import sys
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager, Sequence
+
+import torch
+
+from conformance.target import NotOffered
+from perf import measure
+from perf.measure import OK, Deadline, Outcome
+
+PASSES = ("forward", "backward", "forward_backward")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
+                 "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
+IMPL_NAMES = ("triton", "pytorch", "eager", "sdpa", *SDPA_BACKENDS)
+
+# CS336's grid on a GPU; a tiny one on the CPU (Triton runs under its interpreter there).
+CUDA_DEFAULTS = dict(seq=[2**i for i in range(7, 17)], dims=[16, 32, 64, 128], dtypes=["bf16", "fp32"],
+                     impls=["triton", "eager", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"])
+CPU_DEFAULTS = dict(seq=[16, 32, 64], dims=[16, 32], dtypes=["fp32"], impls=["triton", "eager", "sdpa"])
+
+TABLE_COLUMNS = ("impl", "dtype", "d", "seq", "pass", "batch", "heads", "ms", "tflops", "peak_mib", "status", "detail")
+
+
+# --- implementations -------------------------------------------------------------------
+
+
+def eager_attention(q, k, v):
+    """Causal attention the obvious way: the N x N scores are materialised."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # S = Q K^T / sqrt(d)
+    mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1)  # key j > query i
+    p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
+    return p @ v
+
+
+def _sdpa(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@dataclass(frozen=True)
+class AttentionImpl:
+    """A causal attention over (B, H, N, d) and the context it must run in."""
+
+    name: str
+    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    context: Callable[[], ContextManager] = contextlib.nullcontext
+
+
+def _sdpa_backend_context(backend_name: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return lambda: sdpa_kernel(getattr(SDPBackend, backend_name))
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_function(flavour: str, target_spec: str | None):
+    from conformance.target import load_target
+
+    return load_target(target_spec).attention(flavour)
+
+
+def _target_attention(flavour: str, target_spec: str | None):
+    def fn(q, k, v):
+        # resolved on first use (a target that lacks it is "not offered"), then cached
+        return _attention_function(flavour, target_spec).apply(q, k, v, True)
+
+    return fn
+
+
+def make_impl(name: str, target_spec: str | None = None) -> AttentionImpl:
+    if name in ("triton", "pytorch"):
+        return AttentionImpl(name, _target_attention(name, target_spec))
+    if name == "eager":
+        return AttentionImpl(name, eager_attention)
+    if name == "sdpa":
+        return AttentionImpl(name, _sdpa)
+    if name in SDPA_BACKENDS:
+        return AttentionImpl(name, _sdpa, _sdpa_backend_context(SDPA_BACKENDS[name]))
+    raise ValueError(f"unknown attention implementation {name!r}; expected one of {', '.join(IMPL_NAMES)}")
+
+
+# --- one case ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    seq: int
+    d: int
+    dtype: str
+    batch: int = 1
+    heads: int = 1
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        for name in ("seq", "d", "batch", "heads"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+
+
+def attention_flops(case: Case, pass_: str) -> float:
+    """Matmul FLOPs of causal attention: forward 2 matmuls (4 B H N^2 d), half under the
+    mask; backward 5 matmuls (2.5x the forward; the recomputation of S is not counted)."""
+    forward = 4.0 * case.batch * case.heads * case.seq**2 * case.d * 0.5
+    return forward * {"forward": 1.0, "backward": 2.5, "forward_backward": 3.5}[pass_]
+
+
+def make_inputs(case: Case, device: torch.device, seed: int = 0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    shape = (case.batch, case.heads, case.seq, case.d)
+    q, k, v, do = (torch.randn(shape, device=device, generator=g, dtype=DTYPES[case.dtype]) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    return q, k, v, do
+
+
+def pass_fn(impl: AttentionImpl, pass_: str, q, k, v, do):
+    """The callable a timer repeats for one pass."""
+    if pass_ == "forward":
+        return lambda: impl.fn(q, k, v)
+    if pass_ == "forward_backward":
+        return lambda: impl.fn(q, k, v).backward(do)
+    if pass_ == "backward":
+        o = impl.fn(q, k, v)  # one forward; its graph is kept for every timed backward
+        return lambda: o.backward(do, retain_graph=True)
+    raise ValueError(f"unknown pass {pass_!r}; expected one of {', '.join(PASSES)}")
+
+
+def measure_pass(impl: AttentionImpl, case: Case, pass_: str, device, *, warmup_ms=25.0, rep_ms=100.0) -> dict:
+    """One row: median ms, TFLOP/s and peak MiB of one pass, or the reason it has none."""
+    device = torch.device(device)
+    row = dict(impl=impl.name, dtype=case.dtype, d=case.d, seq=case.seq, batch=case.batch, heads=case.heads,
+               causal=True, ms=None, tflops=None, peak_mib=None, status=OK, detail="")
+    row["pass"] = pass_
+    outcome, caught = None, []
+    try:
+        with warnings.catch_warnings(record=True) as caught, impl.context():
+            warnings.simplefilter("always")
+            q, k, v, do = make_inputs(case, device)
+            grads = [q, k, v]
+            run = pass_fn(impl, pass_, q, k, v, do)
+            run()  # compiles kernels, picks algorithms
+            measure.synchronize(device)
+            for t in grads:
+                t.grad = None
+            with measure.PeakMemory(device) as peak:
+                run()
+            ms = measure.median_ms(run, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grads)
+        row.update(ms=ms, tflops=attention_flops(case, pass_) / (ms * 1e-3) / 1e12, peak_mib=peak.mib)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a row, the sweep goes on
+        outcome = Outcome("not offered", str(exc)) if isinstance(exc, NotOffered) else Outcome.of(exc)
+        reasons = [str(w.message).splitlines()[0] for w in caught if issubclass(w.category, UserWarning)]
+        row.update(status=outcome.label, detail=outcome.detail + (f" ({reasons[0][:200]})" if reasons else ""))
+    finally:
+        q = k = v = do = run = grads = None  # noqa: F841 - drop the case's tensors before freeing
+    if outcome is not None:
+        measure.free_memory(device)
+    return row
+
+
+# --- the sweep ---------------------------------------------------------------------------
+
+
+@dataclass
+class SweepResult:
+    rows: list[dict] = field(default_factory=list)
+    not_run: list[str] = field(default_factory=list)  # cases left when the time budget ran out
+
+    @property
+    def complete(self) -> bool:
+        return not self.not_run
+
+
+def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls: Sequence[str | AttentionImpl],
+          passes: Sequence[str] = PASSES, *, device="cpu", batch: int = 1, heads: int = 1,
+          time_budget_s: float | None = None, target: str | None = None, warmup_ms: float = 25.0,
+          rep_ms: float = 100.0, log=print) -> SweepResult:
+    """Every (dtype, d, seq, impl, pass), smallest sequences first, until the budget runs out."""
+    for p in passes:
+        if p not in PASSES:
+            raise ValueError(f"unknown pass {p!r}; expected one of {', '.join(PASSES)}")
+    impls = [i if isinstance(i, AttentionImpl) else make_impl(i, target) for i in impls]
+    cases = [Case(s, d, dt, batch, heads) for dt in dtypes for d in dims for s in sorted(seqs)]
+    deadline = Deadline(time_budget_s)
+    result = SweepResult()
+    for case in cases:
+        for impl in impls:
+            label = f"{impl.name} {case.dtype} d={case.d} N={case.seq}"
+            if deadline.expired:
+                result.not_run.append(label)
+                continue
+            for pass_ in passes:
+                row = measure_pass(impl, case, pass_, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+                result.rows.append(row)
+                if log:
+                    value = f"{row['ms']:10.3f} ms" if row["ms"] is not None else f"{row['status'][:60]:>13}"
+                    mem = f"{row['peak_mib']:9.1f} MiB" if row["peak_mib"] is not None else ""
+                    log(f"  {label:38s} {pass_:16s} {value} {mem}")
+    if result.not_run and log:
+        log(f"time budget of {time_budget_s} s reached: {len(result.not_run)} (impl, case) pairs not run")
+    return result
+
+
+# --- outputs -----------------------------------------------------------------------------
+
+
+def markdown_sections(result: SweepResult, impl_order: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    from perf.tables import pivot_markdown
+
+    index = ("dtype", "d", "seq", "pass")
+    sections = [
+        ("Attention time (ms, median; causal, B=%s, H=%s)" % _batch_heads(result),
+         pivot_markdown(result.rows, index, "impl", "ms", impl_order)),
+        ("Attention peak memory (MiB, torch.cuda.max_memory_allocated)",
+         pivot_markdown(result.rows, index, "impl", "peak_mib", impl_order)),
+    ]
+    failures = [r for r in result.rows if r["status"] not in (OK, measure.OOM, measure.UNSUPPORTED)]
+    if failures:
+        lines = "\n".join(f"- {r['impl']} {r['dtype']} d={r['d']} N={r['seq']} {r['pass']}: {r['detail']}" for r in failures)
+        sections.append(("Attention errors", lines))
+    if result.not_run:
+        sections.append(("Attention cases not run (time budget)", ", ".join(result.not_run)))
+    return sections
+
+
+def _batch_heads(result: SweepResult):
+    if not result.rows:
+        return ("?", "?")
+    return (result.rows[0]["batch"], result.rows[0]["heads"])
+
+
+def write_outputs(result: SweepResult, out_dir: str | Path, meta: dict | None = None, plots: bool = True,
+                  impl_order: Sequence[str] | None = None) -> list[Path]:
+    from perf import tables
+
+    out_dir = Path(out_dir)
+    paths = [
+        tables.write_markdown(out_dir / "attention.md", markdown_sections(result, impl_order), title="Attention sweep"),
+        tables.write_csv(out_dir / "attention.csv", result.rows, TABLE_COLUMNS),
+        tables.write_json(out_dir / "attention.json", dict(meta=meta or {}, rows=result.rows, not_run=result.not_run)),
+    ]
+    if plots and result.rows:
+        from perf import plots as plotting
+
+        paths += plotting.plot_attention(result.rows, out_dir)
+    return paths
+
+
+# --- command line ------------------------------------------------------------------------
+
+
+def parse_lengths(items: Sequence[str]) -> list[int]:
+    """Integers, or ``LO:HI`` for the powers of two from LO to HI."""
+    values: list[int] = []
+    for item in items:
+        if ":" in str(item):
+            lo, hi = (int(x) for x in str(item).split(":", 1))
+            if lo < 1 or hi < lo:
+                raise ValueError(f"bad range {item!r}: need 1 <= LO <= HI")
+            n = 1 << (lo - 1).bit_length()
+            while n <= hi:
+                values.append(n)
+                n *= 2
+        else:
+            values.append(int(item))
+    if any(v < 1 for v in values):
+        raise ValueError(f"lengths must be positive, got {values}")
+    return sorted(set(values))
+
+
+def resolve_device(choice: str) -> torch.device:
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible")
+    return torch.device(choice)
+
+
+def use_interpreter_on_cpu(device: torch.device) -> None:
+    """Triton kernels run on the CPU only under its interpreter, chosen before triton is imported."""
+    if device.type == "cpu":
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            print("warning: triton was imported before TRITON_INTERPRET=1 was set; the triton impl may fail on the CPU")
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m perf.bench_attention", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--seq", nargs="+", help="sequence lengths, or LO:HI for powers of two (default 128:65536 on CUDA)")
+    parser.add_argument("--dims", nargs="+", type=int, help="head dims (default 16 32 64 128 on CUDA)")
+    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), help="default bf16 fp32 on CUDA")
+    parser.add_argument("--impls", nargs="+", choices=IMPL_NAMES)
+    parser.add_argument("--passes", nargs="+", choices=PASSES, default=list(PASSES))
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=1)
+    parser.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warm-up (milliseconds)")
+    parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time (milliseconds)")
+    parser.add_argument("--time-budget-s", type=float, default=None, help="stop between cases after this long")
+    parser.add_argument("--target", default=None, help="implementation under test for triton/pytorch (default impl)")
+    parser.add_argument("--out", default="perf-out", help="folder for the tables and plots")
+    parser.add_argument("--no-plots", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> SweepResult:
+    opts = build_parser().parse_args(argv)
+    device = resolve_device(opts.device)
+    use_interpreter_on_cpu(device)
+    defaults = CUDA_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    seqs = parse_lengths(opts.seq) if opts.seq else defaults["seq"]
+    dims, dtypes, impls = opts.dims or defaults["dims"], opts.dtypes or defaults["dtypes"], opts.impls or defaults["impls"]
+    meta = dict(measure.device_description(device), seqs=seqs, dims=dims, dtypes=dtypes, impls=impls,
+                passes=opts.passes, batch=opts.batch, heads=opts.heads, causal=True,
+                timing="triton.testing.do_bench median" if device.type == "cuda" else "perf_counter median",
+                target=opts.target or "impl")
+    print(f"attention sweep on {meta.get('gpu', device)}: seq {seqs}, d {dims}, {dtypes}, {impls}, {opts.passes}")
+    result = sweep(seqs, dims, dtypes, impls, opts.passes, device=device, batch=opts.batch, heads=opts.heads,
+                   time_budget_s=opts.time_budget_s, target=opts.target, warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms)
+    paths = write_outputs(result, opts.out, meta, plots=not opts.no_plots, impl_order=impls)
+    print((Path(opts.out) / "attention.md").read_text())
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return result
+
+
+if __name__ == "__main__":
+    main()

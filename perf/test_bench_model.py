@@ -1,0 +1,54 @@
+"""GPT model benchmarks tracked by pytest-benchmark (``pytest perf --benchmark-compare``).
+
+On CUDA: the small model (about 100 M parameters), batch 4 x 512 tokens, bf16 autocast;
+forward, forward+backward and a full AdamW step, with SDPA, our Triton attention and
+eager attention.  On the CPU: the tiny model with eager, SDPA and our PyTorch-tiled
+attention, so CI keeps the harness working (CPU numbers are not compared).
+"""
+
+import pytest
+import torch
+
+from perf import bench_model, gpt, measure
+
+ATTENTIONS = ("sdpa", "triton", "eager", "pytorch")
+
+
+def _plan(device):
+    if device.type == "cuda":
+        return dict(size="small", precision="bf16", batch=4, context=512, rounds=10, warmup_rounds=3)
+    return dict(size="tiny", precision="fp32", batch=2, context=32, rounds=2, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("mode", ("forward", "forward_backward", "step"))
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_model_benchmark(benchmark, device, attention, mode):
+    if attention == "triton" and device.type != "cuda":
+        pytest.skip("needs a GPU: the Triton interpreter makes a model step take seconds "
+                    "(the CPU sweep in test_bench_attention covers our Triton kernels)")
+    if attention == "pytorch" and device.type == "cuda":
+        pytest.skip("PyTorch-tiled attention is benchmarked at the CPU's tiny size only (a Python loop over tiles)")
+    plan = _plan(device)
+    model = gpt.make_gpt(plan["size"], device=device)
+    bench_model.set_attention(model, attention)
+    optimizer = bench_model.make_optimizer(model) if mode == "step" else None
+    step = bench_model.make_step(model, mode, plan["precision"], plan["batch"], plan["context"], optimizer)
+    benchmark.group = f"model {plan['size']} {plan['precision']} {mode} {plan['batch']}x{plan['context']}"
+    benchmark.extra_info.update(size=plan["size"], attention=attention, mode=mode, precision=plan["precision"],
+                                batch=plan["batch"], context=plan["context"], device=str(device),
+                                params=gpt.count_parameters(model))
+    if device.type == "cuda":
+        benchmark.extra_info["gpu"] = torch.cuda.get_device_name(device)
+
+    def run():
+        measure.synchronize(device)
+        step()
+        measure.synchronize(device)
+
+    before = [p.detach().clone() for p in model.parameters()]
+    benchmark.pedantic(run, rounds=plan["rounds"], warmup_rounds=plan["warmup_rounds"], iterations=1)
+    # The benchmarked step did its work: gradients after backward, new weights after a step.
+    if mode == "forward_backward":
+        assert all(p.grad is not None for p in model.parameters())
+    if mode == "step":
+        assert any(not torch.equal(a, p.detach()) for a, p in zip(before, model.parameters()))
