@@ -177,7 +177,7 @@ def measure_pass(impl: AttentionImpl, case: Case, pass_: str, device, *, warmup_
     outcome, caught = None, []
     try:
         with warnings.catch_warnings(record=True) as caught, impl.context():
-            warnings.simplefilter("always")
+            warnings.simplefilter("default")  # each distinct warning once: the backend's reasons, no per-call cost
             q, k, v, do = make_inputs(case, device)
             grads = [q, k, v]
             run = pass_fn(impl, pass_, q, k, v, do)
