@@ -108,9 +108,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"sync must be one of {SYNC_STRATEGIES}, got {sync!r}")
         if bucket_mb is not None and not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be positive or None, got {bucket_mb!r}")
-        groups = _as_param_groups(params)
-        first = groups[0]["params"][0]
-
         self._group = process_group
         if dist.is_available() and dist.is_initialized():
             self._group = process_group or dist.group.WORLD
@@ -128,13 +125,22 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._loads = [0] * self.world_size  # bytes assigned to each rank so far
         self._local: torch.optim.Optimizer | None = None
 
-        # A throwaway instance gives optimizer_cls's full defaults (and rejects bad kwargs
-        # here, the same way on every rank).
-        probe = torch.zeros(1, dtype=first.dtype, device=first.device, requires_grad=True)
-        defaults = dict(optimizer_cls([probe], **optimizer_kwargs).defaults)
-        super().__init__(groups, defaults)  # calls add_param_group for each group
+        # Validate everything that can differ between ranks, then agree on it in one
+        # collective: a rank with bad input makes every rank raise, none waits forever.
+        problem, groups, defaults = None, [], {}
+        try:
+            groups = _as_param_groups(params)
+            for g in groups:
+                self._validate_new_params(g["params"])
+            # A throwaway instance gives optimizer_cls's full defaults (and rejects bad kwargs).
+            first = groups[0]["params"][0]
+            probe = torch.zeros(1, dtype=first.dtype, device=first.device, requires_grad=True)
+            defaults = dict(optimizer_cls([probe], **optimizer_kwargs).defaults)
+        except (ValueError, TypeError, KeyError) as exc:
+            problem = exc
+        self._agree(problem, [p for g in groups for p in g["params"]])
 
-        self._check_same_everywhere()
+        super().__init__(groups, defaults)  # calls add_param_group for each group
         self._local = optimizer_cls([self._local_group(g) for g in self.param_groups], **optimizer_kwargs)
         self.state = self._local.state  # the wrapper's state is the shard's state
         self._rebuild_sync()
@@ -144,20 +150,52 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         """Add a group (before or after steps): its parameters are assigned to ranks,
         continuing from the current loads.  Collective: call it on every rank."""
+        if self._local is not None:  # after construction (__init__ validated its groups)
+            problem = None
+            try:
+                new = param_group["params"]
+                new = [new] if isinstance(new, torch.Tensor) else list(new)
+                self._validate_new_params(new)
+            except (ValueError, TypeError, KeyError) as exc:
+                problem, new = exc, []
+            self._agree(problem, self._params + new)
         n_before = len(self._params)
         super().add_param_group(param_group)  # validates and fills in the defaults
         group = self.param_groups[-1]
-        for p in group["params"]:
-            self._check_device(p)
-        new = list(group["params"])
-        if len({id(p) for p in new}) != len(new):
-            raise ValueError("a parameter group lists the same parameter twice")
-        self._params.extend(new)
-        self._owner.extend(assign_greedy([nbytes(p) for p in new], self._loads))
-        if self._local is not None:  # after construction; __init__ checks once for its groups
-            self._check_same_everywhere()
+        self._params.extend(group["params"])
+        self._owner.extend(assign_greedy([nbytes(p) for p in group["params"]], self._loads))
+        if self._local is not None:
             self._local.add_param_group(self._local_group(group, offset=n_before))
             self._rebuild_sync()
+
+    def _validate_new_params(self, params: list) -> None:
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError("a parameter group lists the same parameter twice")
+        for p in params:
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"parameters must be tensors, got {type(p).__name__}")
+            self._check_device(p)
+
+    def _agree(self, problem: Exception | None, params: list) -> None:
+        """Collective: raise on every rank if any rank found a problem, or if the ranks'
+        parameter lists differ (shapes, dtypes, order) and the collectives would not match."""
+        if self.world_size == 1:
+            if problem is not None:
+                raise problem
+            return
+        fingerprint = repr([(tuple(p.shape), str(p.dtype)) for p in params]).encode()
+        digest = int.from_bytes(hashlib.sha256(fingerprint).digest()[:7], "little")
+        flags = torch.tensor([-int(problem is not None), digest, -digest], dtype=torch.int64, device=self._comm_device())
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self._group)
+        if problem is not None:
+            raise problem
+        if int(flags[0]) != 0:
+            raise ValueError("another rank rejected its parameters or optimizer arguments (see its error); every rank must pass the same")
+        if int(flags[1]) != digest or int(-flags[2]) != digest:
+            raise ValueError(
+                "ranks constructed the sharded optimizer over different parameters (shapes/dtypes/order differ); "
+                "every rank must pass the same parameters"
+            )
 
     def _local_group(self, group: dict, offset: int | None = None) -> dict:
         """The local optimizer's copy of a group: same hyperparameters, owned parameters only."""
@@ -183,21 +221,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError(
                 f"a parameter of shape {tuple(p.shape)} is on device {p.device}, which the {backend} backend "
                 f"cannot communicate (supported: {', '.join(allowed)})"
-            )
-
-    def _check_same_everywhere(self) -> None:
-        """Every rank must hold the same parameter list, or the collectives would not match."""
-        if self.world_size == 1:
-            return
-        fingerprint = repr([(tuple(p.shape), str(p.dtype)) for p in self._params]).encode()
-        digest = int.from_bytes(hashlib.sha256(fingerprint).digest()[:7], "little")
-        device = self._comm_device()
-        t = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._group)
-        if int(t[0]) != digest or int(-t[1]) != digest:
-            raise ValueError(
-                "ranks constructed the sharded optimizer over different parameters (shapes/dtypes/order differ); "
-                "every rank must pass the same parameters"
             )
 
     def _comm_device(self) -> torch.device:

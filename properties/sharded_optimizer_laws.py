@@ -604,10 +604,22 @@ def _schedule(case):
 class Law:
     check: Callable
     cases: Callable  # device -> strategy of ShardingCase
+    needs: tuple[str, ...] = ()  # protocol beyond the factory: "per_rank_state_dict", "consolidated_state_dict"
 
     @property
     def name(self) -> str:
         return self.check.__name__
+
+
+def rank_probe(ctx, target_spec: str, needs: tuple[str, ...]):
+    """Raise NotOffered (on one rank, before any Hypothesis example) if the target lacks
+    the factory or a protocol the law needs."""
+    params = [torch.nn.Parameter(torch.ones(2, device=ctx.device))]
+    optimizer = load_target(target_spec).call("get_sharded_optimizer", params, torch.optim.SGD, lr=0.1, momentum=0.9)
+    if "per_rank_state_dict" in needs:
+        per_rank_state_dict(optimizer)
+    if "consolidated_state_dict" in needs:
+        consolidated_state_dict(optimizer, ctx.rank, to=0)
 
 
 LAWS = (
@@ -615,9 +627,17 @@ LAWS = (
     Law(matches_float64_within_oracle_across_implementations, lambda d: sharding_cases(d, dtypes=(torch.float32,))),
     # every parameter gets a gradient: state exists for all of them, so the shares can balance
     Law(state_bytes_at_most_a_share_plus_largest, lambda d: sharding_cases(d, min_params=2, missing=(0.0,))),
-    Law(per_rank_state_dict_round_trips, lambda d: sharding_cases(d, min_world_size=2, extra=_save_point)),
-    Law(consolidated_state_dict_is_a_plain_optimizers, lambda d: sharding_cases(d, extra=lambda c: st.just({"save_at": c.steps}))),
-    Law(consolidated_state_dict_resumes_at_any_world_size, lambda d: sharding_cases(d, min_world_size=2, extra=_save_and_resume(d))),
+    Law(per_rank_state_dict_round_trips, lambda d: sharding_cases(d, min_world_size=2, extra=_save_point), ("per_rank_state_dict",)),
+    Law(
+        consolidated_state_dict_is_a_plain_optimizers,
+        lambda d: sharding_cases(d, extra=lambda c: st.just({"save_at": c.steps})),
+        ("consolidated_state_dict",),
+    ),
+    Law(
+        consolidated_state_dict_resumes_at_any_world_size,
+        lambda d: sharding_cases(d, min_world_size=2, extra=_save_and_resume(d)),
+        ("consolidated_state_dict",),
+    ),
     Law(add_param_group_mid_training_matches_unsharded, lambda d: sharding_cases(d, min_params=2, min_groups=2, extra=_add_point)),
     Law(hyperparameter_edits_reach_every_shard, lambda d: sharding_cases(d, min_world_size=2, extra=_schedule)),
     Law(zero_grad_clears_every_gradient, lambda d: sharding_cases(d, min_world_size=2)),
@@ -626,7 +646,11 @@ LAWS_BY_NAME = {law.name: law for law in LAWS}
 
 
 def check_law(law: Law, target_spec: str, device, **settings_overrides) -> None:
-    """Run one law under Hypothesis against the target; raises the counterexample."""
+    """Run one law under Hypothesis against the target; raises the counterexample.
+
+    A target that does not offer what the law needs is reported as NotOffered before any
+    example runs (inside Hypothesis it would be shrunk as a failure)."""
+    on_ranks(rank_probe, 1, target_spec, law.needs, device=_device_type(device))
     strategy = law.cases(_device_type(device))
 
     @settings(**settings_overrides)

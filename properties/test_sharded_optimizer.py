@@ -126,3 +126,37 @@ def test_bad_construction_is_a_clear_error(bad, error, words):
     params, cls, kwargs = bad()
     with pytest.raises(error, match=words):
         ShardedOptimizer(params, cls, lr=0.1, **kwargs)
+
+
+def rank_disagreeing_input(ctx, what):
+    """Rank 0 passes good parameters; the others pass bad or different ones."""
+    from impl.sharded_optimizer import ShardedOptimizer
+
+    shape = (3, 4)
+    device = ctx.device
+    if ctx.rank > 0 and what == "device":
+        device = "meta" if ctx.backend == "gloo" else "cpu"
+    if ctx.rank > 0 and what == "shapes":
+        shape = (4, 3, 1)
+    params = [torch.nn.Parameter(torch.zeros(shape, device=device)), torch.nn.Parameter(torch.zeros(5, device=ctx.device))]
+    try:
+        opt = ShardedOptimizer(params, torch.optim.SGD, lr=0.1)
+        if what == "late group":  # a group added later, bad on the other ranks only
+            late = torch.zeros(2, device=ctx.device if ctx.rank == 0 else ("meta" if ctx.backend == "gloo" else "cpu"))
+            opt.add_param_group({"params": [torch.nn.Parameter(late)]})
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("what", ["device", "shapes", "late group"])
+def test_ranks_that_disagree_all_raise_instead_of_hanging(what, device):
+    """One rank's bad or different parameters make every rank raise a ValueError (the
+    ranks agree in one collective before any other), never a hang."""
+    from conformance.harness import available_world_sizes, run_on_ranks
+
+    if max(available_world_sizes(device.type)) < 2:
+        pytest.skip("needs 2 GPUs")
+    messages = run_on_ranks(rank_disagreeing_input, 2, what, timeout=60, device=device.type)
+    for rank, message in enumerate(messages):
+        assert message is not None, f"rank {rank} accepted parameters the other rank disagrees with ({what})"
