@@ -160,3 +160,34 @@ def test_ranks_that_disagree_all_raise_instead_of_hanging(what, device):
     messages = run_on_ranks(rank_disagreeing_input, 2, what, timeout=60, device=device.type)
     for rank, message in enumerate(messages):
         assert message is not None, f"rank {rank} accepted parameters the other rank disagrees with ({what})"
+
+
+def rank_mixed_dtypes(ctx, sync):
+    """Parameters of three dtypes (one flat byte buffer holds them all for allgather)."""
+    from impl.sharded_optimizer import ShardedOptimizer
+
+    g = torch.Generator().manual_seed(7)
+    shapes_dtypes = [((7, 3), torch.float32), ((5,), torch.float64), ((4, 4), torch.bfloat16), ((), torch.float32), ((9,), torch.float64)]
+    make = lambda: [torch.nn.Parameter(torch.randn(s, generator=g).to(dt).to(ctx.device)) for s, dt in shapes_dtypes]  # noqa: E731
+    params = make()
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    sharded = ShardedOptimizer(params, torch.optim.Adam, sync=sync, bucket_mb=1e-4, lr=0.05)
+    plain = torch.optim.Adam(ref, lr=0.05)
+    for _ in range(3):
+        for p, q in zip(params, ref):
+            p.grad = torch.randn(p.shape, generator=g).to(p.dtype).to(ctx.device)
+            q.grad = p.grad.clone()
+        sharded.step()
+        plain.step()
+    return [p.detach() for p in params], [q.detach() for q in ref]
+
+
+@pytest.mark.parametrize("sync", ["allgather", "broadcast"])
+def test_mixed_parameter_dtypes_match_unsharded(sync, device):
+    from conformance import oracle
+    from conformance.harness import available_world_sizes, run_on_ranks
+
+    world_size = min(3, max(available_world_sizes(device.type)))
+    for rank, (got, want) in enumerate(run_on_ranks(rank_mixed_dtypes, world_size, sync, timeout=60, device=device.type)):
+        for i, (a, e) in enumerate(zip(got, want)):
+            oracle.assert_bitwise_equal(f"rank {rank}, parameter {i} ({a.dtype})", a, e)
