@@ -7,7 +7,9 @@ Contract
     A ``torch.optim.Optimizer`` over *all* ``params`` (``param_groups`` lists every
     parameter, as a plain ``optimizer_cls`` would) that keeps optimizer state only for
     this rank's shard.  Every rank must construct it over the same parameters (same
-    order, shapes, dtypes; checked once, a mismatch is a ValueError on every rank).
+    order, shapes, dtypes).  Construction and add_param_group are collective: the ranks
+    agree in one all-reduce, so differing parameters, or bad input on any one rank, is
+    a ValueError on every rank rather than a hang.
 
     Assignment: parameters go to ranks greedily, largest first (by bytes), each to the
     least-loaded rank so far, ties to the lowest rank; parameters of the same size keep
@@ -22,7 +24,10 @@ Contract
     local shard with ``optimizer_cls`` and makes every rank's parameters bit-identical
     to the owners' (``sync``, see ``impl.param_sync``).  The shard is stepped in buckets
     of about ``bucket_mb`` so that communication of one bucket overlaps the update of
-    the next.  Optimizers whose step needs to re-evaluate the closure (LBFGS) are not
+    the next (None: one bucket).  The default sync is "allgather": one collective per
+    bucket that moves every rank's shard at once, where "broadcast" sends the owners'
+    parameters one after another (perf/bench_sharded_optimizer.py measures both on two
+    GPUs).  Optimizers whose step needs to re-evaluate the closure (LBFGS) are not
     supported.
 
     Bits: each parameter is updated by ``optimizer_cls`` with the same kwargs as a plain
