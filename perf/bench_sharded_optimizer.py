@@ -227,7 +227,8 @@ def run(args) -> dict:
         for p in procs:
             p.start()
         expected = len(args.variants) * args.world_size
-        while len(results) < expected:
+        deadline = time.monotonic() + args.deadline
+        while len(results) < expected and time.monotonic() < deadline:
             try:
                 results.append(queue.get(timeout=5))
             except Exception:  # queue.Empty
@@ -235,8 +236,10 @@ def run(args) -> dict:
                     break
                 continue
             write_results(out, info, results)
+        if len(results) < expected:
+            info["incomplete"] = f"{len(results)} of {expected} rank results (deadline {args.deadline:.0f} s or a rank died)"
         for p in procs:
-            p.join(timeout=60)
+            p.join(timeout=60 if len(results) == expected else 1)
             if p.is_alive():
                 p.kill()
     summary = write_results(out, info, results)
@@ -311,6 +314,7 @@ def markdown(info: dict, rows: list[dict], results: list[dict]) -> str:
         f"{info.get('gpu', 'CPU')} x {info['world_size']}, torch {info['torch']}, model {info['size']}, batch {info['batch']} x {info['seq']} tokens per rank, "
         f"{info['warmup']} warm-up + {info['steps']} timed steps, NCCL_NVLS_ENABLE={info['nccl_nvls_enable']}.",
         "Times: median over timed steps, slowest rank. Memory: largest rank.",
+        *([f"**Incomplete run**: {info['incomplete']}."] if info.get("incomplete") else []),
         "",
         f"| variant | step ms | optimizer.step ms | peak {unit} | optimizer state {unit} (max rank) | step / AdamW | peak / ZeRO | step goal (<= {STEP_TIME_GOAL}x AdamW) | peak goal (<= ZeRO) |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -370,7 +374,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3; 1 with --tiny)")
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 10; 2 with --tiny)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    p.add_argument("--collective-timeout", type=float, default=300.0, help="seconds before a stuck collective fails")
+    p.add_argument("--collective-timeout", type=float, default=120.0, help="seconds before a stuck collective fails")
+    p.add_argument("--deadline", type=float, default=420.0, help="seconds after which the ranks are stopped and what was measured is written")
     args = p.parse_args(argv)
     tiny = args.tiny
     args.device = "cpu" if tiny else "cuda"
