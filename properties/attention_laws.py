@@ -28,12 +28,17 @@ from impl.attention_reference import attention_reference
 
 
 def accepts_scale(attn) -> bool:
-    """Whether attn.apply takes a softmax scale after is_causal (CS336's signature does not)."""
+    """Whether attn.apply takes a softmax scale after is_causal (CS336's signature does not).
+
+    Decided by the parameter's name only: student forwards often take extra optional
+    arguments after is_causal (tile sizes ``B_q, B_k``), and a scale passed there would be
+    read as a tile size.
+    """
     try:
         params = list(inspect.signature(attn.forward).parameters)
     except (TypeError, ValueError):
         return False
-    return len(params) >= 6 or "scale" in params or "softmax_scale" in params
+    return len(params) >= 6 and params[5] in ("scale", "softmax_scale", "sm_scale")
 
 
 def call(attn, q, k, v, case: AttentionCase):
