@@ -125,7 +125,10 @@ def sizes_up_to(max_mib: int, min_mib: int = 1) -> list[int]:
 
 
 def fit_alpha_beta(rows: list[dict]) -> tuple[float, float] | None:
-    """Least squares t = alpha + bytes / beta over the ok rows: (alpha seconds, beta bytes/s)."""
+    """Least squares t = alpha + bytes / beta over the ok rows: (alpha seconds, beta bytes/s).
+
+    alpha is clipped at 0; a non-positive slope (timing noise larger than the size
+    effect, e.g. on a loaded CPU) falls back to the largest transfer's bandwidth."""
     pts = [(r["bytes"], r["time_ms"] / 1e3) for r in rows if r.get("status") == "ok"]
     if len(pts) < 2:
         return None
@@ -136,8 +139,11 @@ def fit_alpha_beta(rows: list[dict]) -> tuple[float, float] | None:
     if sxx == 0:
         return None
     slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
-    alpha = max(my - slope * mx, 0.0)
-    return alpha, (1.0 / slope if slope > 0 else float("inf"))
+    if slope <= 0:  # noise swamped the size dependence: bandwidth of the largest transfer
+        x_max, y_max = max(pts)
+        beta = x_max / y_max
+        return max(0.0, sum(y - x / beta for x, y in pts) / n), beta
+    return max(my - slope * mx, 0.0), 1.0 / slope
 
 
 def plot(rows: list[dict], path: Path) -> Path | None:

@@ -478,7 +478,7 @@ def main(argv=None) -> int:
     if opts.tiny:
         device = "cpu"
         base = Config(size="tiny", batch=2, seq=32, precision="fp32", warmup=1, iters=2)
-        opts.probe_max_mib = opts.probe_max_mib or 2
+        opts.probe_max_mib = opts.probe_max_mib or 4
     else:
         device = "cuda"
         if not torch.cuda.is_available() or torch.cuda.device_count() < opts.world_size:

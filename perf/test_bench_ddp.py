@@ -44,9 +44,20 @@ def test_ddp_benchmark_tiny_mode_measures_the_variants_and_fits_the_model(tmp_pa
             assert row["replicas_identical"] is True, name
     assert rows["bucketed_none"]["buckets"] == 1
     model = payload["model"]
-    assert model["alpha_s"] >= 0 and model["beta_bytes_per_s"] > 0 and model["timeline"]["backward_ms"] > 0
+    assert model["alpha_s"] >= 0 and 0 < model["beta_bytes_per_s"] < float("inf") and model["timeline"]["backward_ms"] > 0
     assert payload["summary"]["predicted_best_bucket_mb"] >= 1
     assert "| bucketed_1 |" in (tmp_path / "ddp.md").read_text()
+
+
+def test_alpha_beta_fit_recovers_a_line_and_survives_noise():
+    from perf.bench_allreduce import fit_alpha_beta
+
+    rows = [{"bytes": b, "time_ms": (2e-5 + b / 1e10) * 1e3, "status": "ok"} for b in (MIB, 4 * MIB, 16 * MIB)]
+    alpha, beta = fit_alpha_beta(rows)
+    assert alpha == pytest.approx(2e-5, rel=1e-6) and beta == pytest.approx(1e10, rel=1e-6)
+    noisy = [{"bytes": MIB, "time_ms": 5.0, "status": "ok"}, {"bytes": 2 * MIB, "time_ms": 4.0, "status": "ok"}]
+    alpha, beta = fit_alpha_beta(noisy)  # time falls with size: no slope to fit
+    assert alpha >= 0 and beta == pytest.approx(2 * MIB / 4e-3)
 
 
 def test_variant_names_carry_their_bucket_size():

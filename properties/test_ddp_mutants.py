@@ -25,6 +25,12 @@ pytestmark = pytest.mark.distributed
 MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True, report_multiple_bugs=False)
 
 
+@pytest.fixture(autouse=True)
+def _two_ranks():
+    if laws.max_world_size() < 2:
+        pytest.skip("needs 2 GPUs: most DDP bugs are invisible on one rank")
+
+
 def rejection(law_name: str, target_spec: str, flavour: str, max_examples: int) -> str | None:
     """The first line of the law's (or spec case's) failure against the target, or None."""
     if law_name.startswith("spec:"):
