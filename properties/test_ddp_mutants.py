@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import Phase, given, settings
+from hypothesis.errors import FlakyFailure
 
 from conformance import ddp_spec
 from conformance.mutants.ddp import MUTANT_LIST, MUTANTS
@@ -53,6 +54,8 @@ def rejection(law_name: str, target_spec: str, flavour: str, max_examples: int) 
         raise
     except AssertionError as exc:  # includes RankFailure and RankTimeout
         return str(exc).strip().splitlines()[0]
+    except FlakyFailure as exc:  # failed on its first call, passed on replay: still a rejection
+        return "flaky rejection: " + str(exc.exceptions[0]).strip().splitlines()[0]
     return None
 
 
