@@ -7,4 +7,4 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 timeout 100 python3 perf/bench_allreduce.py --out "$OUT" --cpu-worlds 2 4 6 --cpu-max-mib 64 --timeout 80 2>&1 | tail -n 30
 timeout 250 python3 perf/bench_ddp.py --out "$OUT" --time-budget-s 200 --timeout 120 2>&1 | tail -n 40
 timeout 170 python3 perf/bench_sharded_optimizer.py --out "$OUT" --deadline 150 2>&1 | tail -n 25
-cd "$OUT" && tar czf distributed-extras.tgz --exclude='*.tgz' --exclude='*.md' --exclude='*.png' . 2>/dev/null; ls -la
+cd "$OUT" && tar czf distributed-extras.tgz --exclude='*.tgz' . && find . -maxdepth 2 -type f ! -name '*.md' ! -name '*.png' ! -name '*.tgz' -delete; ls -laR
