@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
-from hypothesis import given, note, settings
+from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
 from conformance import oracle
@@ -371,8 +371,11 @@ def rank_add_param_group(ctx, target_spec: str, case: ShardingCase):
         grads = case.grads(step, ctx.device)
         apply_grads(params, grads)
         apply_grads(ref, grads)
+        try:  # the unsharded optimizer first: some torch releases cannot step a late group
+            plain.step()  # (torch 2.11's Adagrad makes its state in __init__ only: KeyError 'sum')
+        except Exception as exc:  # noqa: BLE001 - same on every rank, so no collective is left half-issued
+            return f"UNSUPPORTED by the unsharded {type(plain).__name__}: {type(exc).__name__}: {exc}"
         sharded.step()
-        plain.step()
         trajectory.append((snapshot(params), snapshot(ref)))
     return trajectory
 
@@ -559,6 +562,9 @@ def consolidated_state_dict_resumes_at_any_world_size(target_spec: str, case: Sh
 def add_param_group_mid_training_matches_unsharded(target_spec: str, case: ShardingCase, device):
     """A group added before the first step or mid-training: same trajectory as unsharded."""
     results = on_ranks(rank_add_param_group, case.world_size, target_spec, case, device=_device_type(device))
+    if isinstance(results[0], str):  # the reference itself cannot do it: nothing to compare
+        note(results[0])
+        assume(False)
     _compare_trajectories(results, f"group {len(case.groups) - 1} added before step {case.knob('add_at') + 1}")
 
 
