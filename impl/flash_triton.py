@@ -32,7 +32,16 @@ Contract
     exactly 1 where a row sees one key (see _scores and _launch).
     Tile sizes: a small table per (device kind, dtype, head dim); ``flash_forward`` and
     ``flash_backward`` take a ``config`` override (ForwardConfig / BackwardConfig or a
-    dict of their fields).
+    dict of their fields).  Besides tiles, warps and stages a config chooses:
+      longest_first  under causal masking, launch the programs with the most key (query)
+                     tiles first, batch-heads innermost, so the last wave is short ones;
+      tma            load the looped-over tiles through tensor descriptors (TMA on Hopper),
+                     where every stride but the last is a multiple of 16 bytes and the last
+                     is 1; otherwise, or when Triton lacks descriptors, pointer loads;
+      fp_fusion      (forward only) let the compiler fuse multiply-adds; the backward never
+                     does (see _launch).
+    Descriptors made inside a kernel need scratch memory on the GPU: a launch that uses them
+    sets Triton's allocator for its own duration.
 
 Every key loop runs in stages: key tiles that no row of the query tile masks run without
 any masking work; only the tiles that straddle the causal diagonal or the end of the
@@ -41,6 +50,7 @@ sequence apply masks.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, fields, replace
 
@@ -109,11 +119,51 @@ def _scores(a, b, acc, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _tile_coords(pid, n_row_tiles, H):
-    """Program id -> (row tile, batch, head).  Consecutive programs share a batch-head."""
-    tile = pid % n_row_tiles
-    bh = pid // n_row_tiles
+def _tile_coords(pid, n_row_tiles, H, LONGEST_FIRST: tl.constexpr, WORK_GROWS: tl.constexpr):
+    """Program id -> (row tile, batch, head).
+
+    Default: consecutive programs walk one batch-head's tiles (they share its K and V in L2).
+    LONGEST_FIRST: consecutive programs walk the batch-heads of one tile, and tiles go from
+    the most work to the least (longest-processing-time-first), so the GPU's last wave holds
+    short programs instead of a few long ones.  WORK_GROWS: a tile's work grows with its
+    index (query tiles under causal masking), else it shrinks (key tiles).
+    """
+    if LONGEST_FIRST:
+        n_bh = tl.num_programs(0) // n_row_tiles
+        rank = pid // n_bh
+        bh = pid % n_bh
+        if WORK_GROWS:
+            tile = n_row_tiles - 1 - rank
+        else:
+            tile = rank
+    else:
+        tile = pid % n_row_tiles
+        bh = pid // n_row_tiles
     return tile, (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+
+
+@triton.jit
+def _tile_source(base, n_rows, stride_rows, BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """What the loops load tiles from: a tensor descriptor of the (n_rows, HEAD_DIM) matrix at
+    ``base`` (rows and columns past the ends read 0), or the base pointer itself."""
+    if USE_TMA:
+        src = tl.make_tensor_descriptor(base, shape=[n_rows, HEAD_DIM], strides=[stride_rows, 1],
+                                        block_shape=[BLOCK_ROWS, BLOCK_D])
+    else:
+        src = base
+    return src
+
+
+@triton.jit
+def _load_rows(src, offs_rows, start, stride_rows, n_rows, offs_d, stride_d,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows start .. start + len(offs_rows) of a tile source (see _tile_source and _load_tile)."""
+    if USE_TMA:
+        tile = src.load([start, 0])
+    else:
+        tile = _load_tile(src, offs_rows, stride_rows, n_rows, offs_d, stride_d, HEAD_DIM, BLOCK_D, CHECK_ROWS)
+    return tile
 
 
 # ---------------------------------------------------------------------------------------
@@ -122,16 +172,16 @@ def _tile_coords(pid, n_row_tiles, H):
 
 
 @triton.jit
-def _fwd_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+def _fwd_key_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                    offs_m, offs_d, lo, hi, N_K, qk_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                   MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr):
     """Online softmax over key tiles [lo, hi); MASKED tiles apply the causal and length masks."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_tile(k_base, offs_n, stride_kn, N_K, offs_d, stride_kd, HEAD_DIM, BLOCK_D, MASKED)
-        v = _load_tile(v_base, offs_n, stride_vn, N_K, offs_d, stride_vd, HEAD_DIM, BLOCK_D, MASKED)
+        k = _load_rows(k_src, offs_n, start_n, stride_kn, N_K, offs_d, stride_kd, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        v = _load_rows(v_src, offs_n, start_n, stride_vn, N_K, offs_d, stride_vd, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         # Raw scores Q_i K_j^T; the running max m is kept in these unscaled units.
         s = _scores(q, k, tl.zeros([q.shape[0], BLOCK_N], tl.float32), DOT_PRECISION, INTERPRETED)
         if MASKED:
@@ -159,13 +209,14 @@ def _flash_fwd_kernel(
     stride_ob, stride_oh, stride_on, stride_od,
     H, N_Q, N_K, n_m_tiles, sm_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     """One program per (query tile, batch-head): O_i and L_i for BLOCK_M query rows."""
-    pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H)
+    pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H, LONGEST_FIRST, True)
     q_base = Q + b * stride_qb + h * stride_qh
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
+    k_src = _tile_source(K + b * stride_kb + h * stride_kh, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    v_src = _tile_source(V + b * stride_vb + h * stride_vh, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -182,16 +233,19 @@ def _flash_fwd_kernel(
     else:
         hi = N_K
         bulk_hi = full_hi
-    acc, l_i, m_i = _fwd_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    acc, l_i, m_i = _fwd_key_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                                    offs_m, offs_d, 0, bulk_hi, N_K, qk_scale,
-                                   HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
-    acc, l_i, m_i = _fwd_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                                   HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, USE_TMA,
+                                   DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+    acc, l_i, m_i = _fwd_key_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                                    offs_m, offs_d, bulk_hi, hi, N_K, qk_scale,
-                                   HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+                                   HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, USE_TMA,
+                                   DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
 
     o = acc / l_i[:, None]  # O_i = diag(l_i)^-1 acc
     # L_i = scale m_i + log l_i.  The backward recomputes scale * s with the same rounding,
     # so exp(scale s - L) is 1/l exactly where s is the max: no base-2 round trip of L.
+    # (A fused multiply-add here is harmless: where l = 1, log l = 0 and fma rounds once.)
     lse = m_i * sm_scale + tl.log(l_i)
     _store_tile(O + b * stride_ob + h * stride_oh, o, offs_m, stride_on, N_Q, offs_d, stride_od, HEAD_DIM)
     tl.store(L + (b * H + h) * N_Q + offs_m, lse, mask=offs_m < N_Q)
@@ -211,7 +265,7 @@ def _flash_bwd_preprocess_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """D_i = rowsum(dO_i * O_i) in float32."""
-    pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H)
+    pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H, False, True)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     o = _load_tile(O + b * stride_ob + h * stride_oh, offs_m, stride_on, N_Q, offs_d, stride_od, HEAD_DIM, BLOCK_D, True)
@@ -222,21 +276,22 @@ def _flash_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_base, do_base, l_base, delta_base,
+def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
                       stride_qn, stride_qd, stride_don, stride_dod,
                       offs_n, offs_d, lo, hi, N_Q, sm_scale,
                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                      MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                      MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, KEYS_EVEN: tl.constexpr, USE_TMA: tl.constexpr,
                       DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr):
     """Accumulate dK_j, dV_j over query tiles [lo, hi), in transposed form (keys are rows).
 
-    Rows past N_Q read L = +inf and keys past N_K start from key_bias = -inf, so P is
-    exactly 0 there and the padding adds nothing.
+    Rows past N_Q read L = +inf, so their P is exactly 0.  Unless every key tile is full
+    (KEYS_EVEN), keys past N_K start from key_bias = -inf, so their P is 0 too; with full
+    tiles the accumulator starts at 0 and holds no (BLOCK_N, BLOCK_M) bias in registers.
     """
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_tile(q_base, offs_m, stride_qn, N_Q, offs_d, stride_qd, HEAD_DIM, BLOCK_D, MASKED)
-        do = _load_tile(do_base, offs_m, stride_don, N_Q, offs_d, stride_dod, HEAD_DIM, BLOCK_D, MASKED)
+        q = _load_rows(q_src, offs_m, start_m, stride_qn, N_Q, offs_d, stride_qd, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        do = _load_rows(do_src, offs_m, start_m, stride_don, N_Q, offs_d, stride_dod, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         if MASKED:
             lse = tl.load(l_base + offs_m, mask=offs_m < N_Q, other=float("inf"))
             delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
@@ -244,7 +299,10 @@ def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_base, do_base, l_base, delta_bas
             lse = tl.load(l_base + offs_m)
             delta = tl.load(delta_base + offs_m)
         # P^T = exp(scale K Q^T - L) = exp2((scale K Q^T - L) * log2(e))
-        s_t = _scores(k, q, key_bias, DOT_PRECISION, INTERPRETED)
+        if KEYS_EVEN:
+            s_t = _scores(k, q, tl.zeros([k.shape[0], BLOCK_M], tl.float32), DOT_PRECISION, INTERPRETED)
+        else:
+            s_t = _scores(k, q, key_bias, DOT_PRECISION, INTERPRETED)
         if MASKED:
             if IS_CAUSAL:
                 s_t = tl.where(offs_m[None, :] >= offs_n[:, None], s_t, float("-inf"))
@@ -268,12 +326,13 @@ def _flash_bwd_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     H, N_Q, N_K, n_n_tiles, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, KEYS_EVEN: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     """One program per (key tile, batch-head): dK_j and dV_j for BLOCK_N keys."""
-    pid_n, b, h = _tile_coords(tl.program_id(0), n_n_tiles, H)
-    q_base = Q + b * stride_qb + h * stride_qh
-    do_base = DO + b * stride_dob + h * stride_doh
+    pid_n, b, h = _tile_coords(tl.program_id(0), n_n_tiles, H, LONGEST_FIRST, False)
+    q_src = _tile_source(Q + b * stride_qb + h * stride_qh, N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+    do_src = _tile_source(DO + b * stride_dob + h * stride_doh, N_Q, stride_don, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
     l_base = L + (b * H + h) * N_Q
     delta_base = Delta + (b * H + h) * N_Q
     start_n = pid_n * BLOCK_N
@@ -285,8 +344,11 @@ def _flash_bwd_dkdv_kernel(
     v = _load_tile(V + b * stride_vb + h * stride_vh, offs_n, stride_vn, N_K, offs_d, stride_vd, HEAD_DIM, BLOCK_D, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    # Scores of padding keys start at -inf (the dot's accumulator), so their P is 0.
-    key_bias = tl.where(offs_n < N_K, 0.0, float("-inf"))[:, None] + tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    if KEYS_EVEN:
+        key_bias = 0.0  # unused: every key of every tile is inside the sequence
+    else:
+        # Scores of padding keys start at -inf (the dot's accumulator), so their P is 0.
+        key_bias = tl.where(offs_n < N_K, 0.0, float("-inf"))[:, None] + tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
 
     full_hi = (N_Q // BLOCK_M) * BLOCK_M  # query tiles below this are inside the sequence
     if IS_CAUSAL:
@@ -294,24 +356,27 @@ def _flash_bwd_dkdv_kernel(
         lo = (start_n // BLOCK_M) * BLOCK_M
         # First query tile whose every row sees every key of this tile (row >= start_n + BLOCK_N - 1).
         diag_hi = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_base, do_base, l_base, delta_base,
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
                                    stride_qn, stride_qd, stride_don, stride_dod,
                                    offs_n, offs_d, lo, tl.minimum(diag_hi, N_Q), N_Q, sm_scale,
-                                   HEAD_DIM, BLOCK_M, BLOCK_D, True, True, DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+                                   HEAD_DIM, BLOCK_M, BLOCK_D, True, True, KEYS_EVEN, USE_TMA,
+                                   DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
         tail_lo = tl.maximum(diag_hi, full_hi)
     else:
         diag_hi = 0
         tail_lo = full_hi
     # Full tiles below the diagonal: no masking work.
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_base, do_base, l_base, delta_base,
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
                                stride_qn, stride_qd, stride_don, stride_dod,
                                offs_n, offs_d, diag_hi, full_hi, N_Q, sm_scale,
-                               HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+                               HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, KEYS_EVEN, USE_TMA,
+                               DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
     # The partial last query tile, if it was not a diagonal tile.
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_base, do_base, l_base, delta_base,
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
                                stride_qn, stride_qd, stride_don, stride_dod,
                                offs_n, offs_d, tail_lo, N_Q, N_Q, sm_scale,
-                               HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+                               HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, KEYS_EVEN, USE_TMA,
+                               DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
 
     dk = dk * sm_scale  # dK = scale * dS^T Q
     _store_tile(DK + b * stride_dkb + h * stride_dkh, dk, offs_n, stride_dkn, N_K, offs_d, stride_dkd, HEAD_DIM)
@@ -319,16 +384,16 @@ def _flash_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+def _dq_key_tiles(dq, q, do, lse, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                   offs_m, offs_d, lo, hi, N_K, sm_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                  MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr):
     """Accumulate dQ_i over key tiles [lo, hi)."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_tile(k_base, offs_n, stride_kn, N_K, offs_d, stride_kd, HEAD_DIM, BLOCK_D, MASKED)
-        v = _load_tile(v_base, offs_n, stride_vn, N_K, offs_d, stride_vd, HEAD_DIM, BLOCK_D, MASKED)
+        k = _load_rows(k_src, offs_n, start_n, stride_kn, N_K, offs_d, stride_kd, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        v = _load_rows(v_src, offs_n, start_n, stride_vn, N_K, offs_d, stride_vd, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         s = _scores(q, k, tl.zeros([q.shape[0], BLOCK_N], tl.float32), DOT_PRECISION, INTERPRETED)
         s = s * sm_scale  # S = scale Q K^T, rounded as in the forward's L
         if MASKED:
@@ -353,12 +418,13 @@ def _flash_bwd_dq_kernel(
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     H, N_Q, N_K, n_m_tiles, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     """One program per (query tile, batch-head): dQ_i for BLOCK_M query rows."""
-    pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
+    pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H, LONGEST_FIRST, True)
+    k_src = _tile_source(K + b * stride_kb + h * stride_kh, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    v_src = _tile_source(V + b * stride_vb + h * stride_vh, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -378,12 +444,12 @@ def _flash_bwd_dq_kernel(
     else:
         hi = N_K
         bulk_hi = full_hi
-    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    dq = _dq_key_tiles(dq, q, do, lse, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                        offs_m, offs_d, 0, bulk_hi, N_K, sm_scale,
-                       HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
-    dq = _dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                       HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, USE_TMA, DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+    dq = _dq_key_tiles(dq, q, do, lse, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                        offs_m, offs_d, bulk_hi, hi, N_K, sm_scale,
-                       HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+                       HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, USE_TMA, DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
 
     dq = dq * sm_scale  # dQ = scale * dS K
     _store_tile(DQ + b * stride_dqb + h * stride_dqh, dq, offs_m, stride_dqn, N_Q, offs_d, stride_dqd, HEAD_DIM)
@@ -400,6 +466,9 @@ class ForwardConfig:
     block_n: int  # keys per loop step
     num_warps: int = 4
     num_stages: int = 2
+    longest_first: bool = False  # causal: longest programs first, batch-heads innermost
+    tma: bool = False  # key/value tiles through tensor descriptors where the layout allows
+    fp_fusion: bool = False  # let the compiler fuse multiply-adds (safe in the forward, see _launch)
 
 
 @dataclass(frozen=True)
@@ -408,20 +477,25 @@ class BackwardConfig:
     dkdv_block_m: int  # query rows per dK/dV loop step
     dq_block_m: int  # query rows per dQ program
     dq_block_n: int  # keys per dQ loop step
-    num_warps: int = 4
+    num_warps: int = 4  # dK/dV kernel (and dQ kernel unless dq_num_warps is set)
     num_stages: int = 2
     preprocess_block_m: int = 64
+    dq_num_warps: int | None = None  # None: num_warps
+    dq_num_stages: int | None = None  # None: num_stages
+    longest_first: bool = False  # causal: longest programs first, batch-heads innermost
+    tma: bool = False  # looped-over tiles (Q, dO for dK/dV; K, V for dQ) through tensor descriptors
 
 
 # The interpreter runs one program at a time and pays per tile operation, not per element:
-# a few large tiles are faster than many small ones.
-_INTERPRETER_FWD = ForwardConfig(64, 64, 4, 1)
-_INTERPRETER_BWD = BackwardConfig(64, 64, 64, 64, 4, 1)
+# a few large tiles are faster than many small ones.  longest_first changes only the order
+# of programs; it is on here so the CPU suite checks its index arithmetic.
+_INTERPRETER_FWD = ForwardConfig(64, 64, 4, 1, longest_first=True)
+_INTERPRETER_BWD = BackwardConfig(64, 64, 64, 64, 4, 1, longest_first=True)
 
 # GPU (sm80/sm90): (dtype is 32-bit, head-dim bound) -> config.  Shared memory holds
 # num_stages copies of the K and V tiles (forward) or the Q and dO tiles (backward).
 _GPU_FWD = {
-    (False, 64): ForwardConfig(128, 64, 8, 3),  # first pick; perf/attention_gpu_check.py sweeps a few
+    (False, 64): ForwardConfig(128, 64, 8, 3),  # first pick; perf/tune_attention.py sweeps
     (False, 128): ForwardConfig(128, 64, 8, 3),
     (False, 256): ForwardConfig(64, 32, 4, 2),
     (True, 64): ForwardConfig(64, 32, 4, 2),
@@ -502,24 +576,66 @@ def _dot_settings(dtype: torch.dtype) -> dict:
     )
 
 
-def _launch(kernel, grid, args, constexprs, config, device):
+def _tma_ready(*tensors: torch.Tensor) -> bool:
+    """Tensor descriptors can read these (B, H, N, d) tensors: Triton has them, the head dim
+    is contiguous, and every base and other stride is a multiple of 16 bytes."""
+    if not hasattr(tl, "make_tensor_descriptor"):
+        return False
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any((stride * size) % 16 for stride in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _tma_scratch(size: int, alignment: int, stream):
+    """Global memory where kernels write the tensor descriptors they make (128 B each)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+@contextlib.contextmanager
+def _descriptor_allocator(active: bool):
+    """Triton's allocator set to _tma_scratch for one launch, the caller's restored after."""
+    from triton.runtime import _allocation
+
+    var = getattr(_allocation, "_allocator", None)
+    if not active:
+        yield
+    elif var is not None and hasattr(var, "set") and hasattr(var, "reset"):
+        token = var.set(_tma_scratch)
+        try:
+            yield
+        finally:
+            var.reset(token)
+    else:  # a Triton without the context variable: set it for good
+        triton.set_allocator(_tma_scratch)
+        yield
+
+
+def _launch(kernel, grid, args, constexprs, device, num_warps: int, num_stages: int, fp_fusion: bool = False):
     """Launch; on a GPU that lacks the resources for this config, fall back to a lighter one.
 
-    enable_fp_fusion=False: scale * s must round to the same bits in the forward's L and
-    in the backward's exp(scale s - L); a fused multiply-add there skips that rounding
-    (seen on an H100: fp32, d=80, a row with one visible key got P = 1 - 2e-6, not 1).
+    enable_fp_fusion=False for the backward: scale * s must round to the same bits in the
+    forward's L and in the backward's exp(scale s - L); a fused multiply-add there skips
+    that rounding (seen on an H100: fp32, d=80, a row with one visible key got P = 1 - 2e-6,
+    not 1).  The forward may fuse (ForwardConfig.fp_fusion): its only multiply-adds are
+    l = alpha l + rowsum(P) and L = scale m + log l, and where one key holds all the weight
+    (l = 1, log l = 0) the fused L = fma(m, scale, 0) rounds like scale * m.
     """
     if device.type != "cuda":  # the interpreter takes no launch options
         kernel[grid](*args, **constexprs)
         return
-    opts = dict(num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=False)
-    try:
-        kernel[grid](*args, **constexprs, **opts)
-    except triton.runtime.errors.OutOfResources as exc:
-        if opts["num_stages"] <= 1:
-            raise
-        warnings.warn(f"{kernel.fn.__name__}: {exc}; retrying with num_stages=1", RuntimeWarning, stacklevel=3)
-        kernel[grid](*args, **constexprs, **{**opts, "num_stages": 1})
+    opts = dict(num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion)
+    with _descriptor_allocator(bool(constexprs.get("USE_TMA"))):
+        try:
+            kernel[grid](*args, **constexprs, **opts)
+        except triton.runtime.errors.OutOfResources as exc:
+            if opts["num_stages"] <= 1:
+                raise
+            warnings.warn(f"{kernel.fn.__name__}: {exc}; retrying with num_stages=1", RuntimeWarning, stacklevel=3)
+            kernel[grid](*args, **constexprs, **{**opts, "num_stages": 1})
 
 
 def _forward(q, k, v, is_causal: bool, scale: float, config: ForwardConfig | None = None):
@@ -539,8 +655,9 @@ def _forward(q, k, v, is_causal: bool, scale: float, config: ForwardConfig | Non
     args = (q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
             heads, n_q, n_k, n_m_tiles, scale, scale * 1.4426950408889634)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=_block_d(d),
-                      IS_CAUSAL=bool(is_causal), **_dot_settings(q.dtype))
-    _launch(_flash_fwd_kernel, grid, args, constexprs, cfg, q.device)
+                      IS_CAUSAL=bool(is_causal), LONGEST_FIRST=bool(cfg.longest_first and is_causal),
+                      USE_TMA=bool(cfg.tma and _tma_ready(k4, v4)), **_dot_settings(q.dtype))
+    _launch(_flash_fwd_kernel, grid, args, constexprs, q.device, cfg.num_warps, cfg.num_stages, cfg.fp_fusion)
     return o, lse
 
 
@@ -561,24 +678,31 @@ def _backward(q, k, v, o, lse, grad_o, is_causal: bool, scale: float, config: Ba
     n_k = k4.shape[2]
     block_d = _block_d(d)
     common = dict(HEAD_DIM=d, BLOCK_D=block_d)
-    dots = dict(IS_CAUSAL=bool(is_causal), **_dot_settings(q.dtype))
+    dots = dict(IS_CAUSAL=bool(is_causal), LONGEST_FIRST=bool(cfg.longest_first and is_causal),
+                **_dot_settings(q.dtype))
+    dq_warps = cfg.num_warps if cfg.dq_num_warps is None else cfg.dq_num_warps
+    dq_stages = cfg.num_stages if cfg.dq_num_stages is None else cfg.dq_num_stages
 
     n_pre = triton.cdiv(n_q, cfg.preprocess_block_m)
     _launch(_flash_bwd_preprocess_kernel, (n_pre * batch * heads,),
             (o4, do4, delta, *o4.stride(), *do4.stride(), heads, n_q, n_pre),
-            dict(BLOCK_M=cfg.preprocess_block_m, **common), cfg, q.device)
+            dict(BLOCK_M=cfg.preprocess_block_m, **common), q.device, cfg.num_warps, cfg.num_stages)
 
     n_n_tiles = triton.cdiv(n_k, cfg.dkdv_block_n)
     _launch(_flash_bwd_dkdv_kernel, (n_n_tiles * batch * heads,),
             (q4, k4, v4, do4, lse, delta, dk4, dv4, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
              *dk4.stride(), *dv4.stride(), heads, n_q, n_k, n_n_tiles, scale),
-            dict(BLOCK_M=cfg.dkdv_block_m, BLOCK_N=cfg.dkdv_block_n, **common, **dots), cfg, q.device)
+            dict(BLOCK_M=cfg.dkdv_block_m, BLOCK_N=cfg.dkdv_block_n, KEYS_EVEN=n_k % cfg.dkdv_block_n == 0,
+                 USE_TMA=bool(cfg.tma and _tma_ready(q4, do4)), **common, **dots),
+            q.device, cfg.num_warps, cfg.num_stages)
 
     n_m_tiles = triton.cdiv(n_q, cfg.dq_block_m)
     _launch(_flash_bwd_dq_kernel, (n_m_tiles * batch * heads,),
             (q4, k4, v4, do4, lse, delta, dq4, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
              *dq4.stride(), heads, n_q, n_k, n_m_tiles, scale),
-            dict(BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, **common, **dots), cfg, q.device)
+            dict(BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, USE_TMA=bool(cfg.tma and _tma_ready(k4, v4)),
+                 **common, **dots),
+            q.device, dq_warps, dq_stages)
     return dq, dk, dv
 
 

@@ -1,0 +1,132 @@
+"""Every tile configuration and switch of our Triton FlashAttention computes the same function.
+
+The GPU defaults of ``impl.flash_triton`` are picked by speed (perf/tune_attention.py), so
+any config the table may hold must be as right as the others: tile shapes, the dQ kernel's
+own warps and stages, the longest-first program order under causal masking, and tiles
+loaded through tensor descriptors (TMA).  Drawn: an attention case (any layout, ragged
+lengths) and a forward and a backward config; checked: O, L, dQ, dK, dV against float64
+through the oracle, with outputs poisoned so an unwritten tile fails.
+
+The mutants below (a longest-first order off by one tile; descriptors that assume
+contiguous rows) must fail the same check on a case that exercises them.  They patch the
+kernels' helpers, which only the interpreter looks up at run time: CPU only.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+
+from conformance import oracle
+from conformance.strategies import AttentionCase, attention_cases, budget_for
+from impl import flash_triton as ft
+from properties.attention_laws import references
+
+BLOCKS = (16, 32, 64)
+
+
+@st.composite
+def forward_configs(draw) -> ft.ForwardConfig:
+    return ft.ForwardConfig(
+        block_m=draw(st.sampled_from(BLOCKS)), block_n=draw(st.sampled_from(BLOCKS)),
+        num_warps=draw(st.sampled_from((4, 8))), num_stages=draw(st.sampled_from((1, 2, 3))),
+        longest_first=draw(st.booleans()), tma=draw(st.booleans()), fp_fusion=draw(st.booleans()))
+
+
+@st.composite
+def backward_configs(draw) -> ft.BackwardConfig:
+    return ft.BackwardConfig(
+        dkdv_block_n=draw(st.sampled_from(BLOCKS)), dkdv_block_m=draw(st.sampled_from(BLOCKS)),
+        dq_block_m=draw(st.sampled_from(BLOCKS)), dq_block_n=draw(st.sampled_from(BLOCKS)),
+        num_warps=draw(st.sampled_from((4, 8))), num_stages=draw(st.sampled_from((1, 2, 3))),
+        preprocess_block_m=draw(st.sampled_from(BLOCKS)),
+        dq_num_warps=draw(st.sampled_from((None, 4, 8))), dq_num_stages=draw(st.sampled_from((None, 1, 2))),
+        longest_first=draw(st.booleans()), tma=draw(st.booleans()))
+
+
+def check_config(case: AttentionCase, fwd: ft.ForwardConfig, bwd: ft.BackwardConfig, device) -> None:
+    """O, L, dQ, dK, dV of flash_forward/flash_backward under these configs match float64."""
+    (q, k, v, do), _ = case.make(device, requires_grad=False)
+    with oracle.poisoned_allocations(device):
+        o, lse = ft.flash_forward(q, k, v, case.is_causal, case.scale, config=fwd)
+        dq, dk, dv = ft.flash_backward(q, k, v, o, lse, do, case.is_causal, case.scale, config=bwd)
+    refs = references(case, device, with_grads=True)
+    for key, got in (("O", o), ("L", lse), ("dQ", dq), ("dK", dk), ("dV", dv)):
+        oracle.assert_close(f"{key} with {fwd} / {bwd}", got, refs.ref64[key], refs.eager[key], case.dtype,
+                            refs.magnitudes[key])
+
+
+def test_every_config_computes_the_same_attention(device):
+    budget = budget_for("triton", device)
+    budget = type(budget)(min(budget.max_len, 100), min(budget.max_batch_elems, 2), budget.head_dims, budget.dtypes)
+
+    @settings(max_examples=settings().max_examples)
+    @given(case=attention_cases(budget, allow_custom_scale=True), fwd=forward_configs(), bwd=backward_configs())
+    def run(case, fwd, bwd):
+        note(repr(case))
+        note(f"{fwd}\n{bwd}")
+        check_config(case, fwd, bwd, device)
+
+    run()
+
+
+# ---------------------------------------------------------------------------------------
+# Mutants
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _tile_coords_reversed_off_by_one(pid, n_row_tiles, H, LONGEST_FIRST: tl.constexpr, WORK_GROWS: tl.constexpr):
+    """Longest-first with the classic reversal slip: tile n - rank instead of n - 1 - rank."""
+    if LONGEST_FIRST:
+        n_bh = tl.num_programs(0) // n_row_tiles
+        rank = pid // n_bh
+        bh = pid % n_bh
+        if WORK_GROWS:
+            tile = n_row_tiles - rank
+        else:
+            tile = rank
+    else:
+        tile = pid % n_row_tiles
+        bh = pid // n_row_tiles
+    return tile, (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+
+
+@triton.jit
+def _tile_source_contiguous_rows(base, n_rows, stride_rows, BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                                 BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Descriptors whose row stride is the head dim: right for contiguous tensors only."""
+    if USE_TMA:
+        src = tl.make_tensor_descriptor(base, shape=[n_rows, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                        block_shape=[BLOCK_ROWS, BLOCK_D])
+    else:
+        src = base
+    return src
+
+
+MUTANTS = {
+    # name: (helper replaced, replacement, a case and configs that exercise it)
+    "longest_first_off_by_one": (
+        "_tile_coords", _tile_coords_reversed_off_by_one,
+        AttentionCase((1, 2), 70, 70, 16, torch.float32, True, None, 1.0, "contiguous", 7),
+        ft.ForwardConfig(32, 32, longest_first=True), ft.BackwardConfig(32, 32, 32, 32, longest_first=True)),
+    "descriptors_assume_contiguous_rows": (
+        "_tile_source", _tile_source_contiguous_rows,
+        AttentionCase((1, 2), 40, 40, 16, torch.float32, False, None, 1.0, "transposed", 8),
+        ft.ForwardConfig(16, 16, tma=True), ft.BackwardConfig(16, 16, 16, 16, tma=True)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_config_mutant_is_rejected(name, device, monkeypatch):
+    if device.type != "cpu":
+        pytest.skip("mutants patch kernel helpers, which only the Triton interpreter resolves at run time")
+    helper, replacement, case, fwd, bwd = MUTANTS[name]
+    check_config(case, fwd, bwd, device)  # the case passes with the real helpers
+    monkeypatch.setattr(ft, helper, replacement)
+    with pytest.raises(AssertionError):
+        check_config(case, fwd, bwd, device)
