@@ -222,26 +222,33 @@ def run(args) -> dict:
     info = describe(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=rank_main, args=(r, args.world_size, os.path.join(tmp, "store"), args, queue)) for r in range(args.world_size)]
-        for p in procs:
-            p.start()
-        expected = len(args.variants) * args.world_size
-        deadline = time.monotonic() + args.deadline
-        while len(results) < expected and time.monotonic() < deadline:
-            try:
-                results.append(queue.get(timeout=5))
-            except Exception:  # queue.Empty
-                if not any(p.is_alive() for p in procs):
-                    break
-                continue
+    # Each variant gets fresh rank processes: memory one variant leaves behind (a model kept
+    # alive by a hook, an allocator cache) can never inflate the next one's peak.
+    deadline = time.monotonic() + args.deadline
+    for variant in args.variants:
+        one = argparse.Namespace(**{**vars(args), "variants": [variant]})
+        got = []
+        with tempfile.TemporaryDirectory() as tmp:
+            procs = [ctx.Process(target=rank_main, args=(r, args.world_size, os.path.join(tmp, "store"), one, queue)) for r in range(args.world_size)]
+            for p in procs:
+                p.start()
+            while len(got) < args.world_size and time.monotonic() < deadline:
+                try:
+                    got.append(queue.get(timeout=5))
+                except Exception:  # queue.Empty
+                    if not any(p.is_alive() for p in procs):
+                        break
+            results.extend(got)
             write_results(out, info, results)
-        if len(results) < expected:
-            info["incomplete"] = f"{len(results)} of {expected} rank results (deadline {args.deadline:.0f} s or a rank died)"
-        for p in procs:
-            p.join(timeout=60 if len(results) == expected else 1)
-            if p.is_alive():
-                p.kill()
+            for p in procs:
+                p.join(timeout=60 if len(got) == args.world_size else 1)
+                if p.is_alive():
+                    p.kill()
+        if time.monotonic() >= deadline:
+            break
+    expected = len(args.variants) * args.world_size
+    if len(results) < expected:
+        info["incomplete"] = f"{len(results)} of {expected} rank results (deadline {args.deadline:.0f} s or a rank died)"
     summary = write_results(out, info, results)
     return summary
 
