@@ -155,6 +155,23 @@ def attention_cases(
     )
 
 
+def boundary_cases(budget: Budget) -> list[AttentionCase]:
+    """Explicit examples every law tries first: causal, one row past a tile multiple.
+
+    A query block whose last tile holds a single row (N = t + 1) is where causal
+    tile-skipping, partial-tile and diagonal-mask bugs live; random draws reach it only
+    now and then, so these are always run.
+    """
+    cases = []
+    for i, t in enumerate(TILE_MULTIPLES):
+        n = t + 1
+        if n > budget.max_len:
+            continue
+        cases.append(AttentionCase((1,), n, n, 32, torch.float32, True, None, 1.0, "contiguous", 1000 + i))
+        cases.append(AttentionCase((2,), n, n + 7, 16, torch.float32, True, None, 4.0, "contiguous", 2000 + i))
+    return cases
+
+
 def tiny_float64_cases() -> st.SearchStrategy[AttentionCase]:
     """Tiny float64 cases for gradcheck (its cost grows with the number of inputs)."""
     return st.builds(

@@ -14,11 +14,11 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
-from hypothesis import given, note, settings
+from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
 from conformance import oracle
-from conformance.strategies import AttentionCase, Budget, attention_cases, budget_for, tiny_float64_cases
+from conformance.strategies import AttentionCase, Budget, attention_cases, boundary_cases, budget_for, tiny_float64_cases
 from impl.attention_reference import attention_reference
 
 
@@ -257,13 +257,18 @@ LAWS_BY_NAME = {law.name: law for law in LAWS}
 
 def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> None:
     """Run one law under Hypothesis against ``attn``; raises the shrunk counterexample."""
-    strategy = law.cases(budget_for(flavour, torch.device(device)), accepts_scale(attn))
+    budget = budget_for(flavour, torch.device(device))
+    strategy = law.cases(budget, accepts_scale(attn))
 
     @settings(**settings_overrides)
     @given(case=strategy)
     def run(case):
         note(repr(case))
         law.check(attn, case, device)
+
+    if law.cases is not LAWS_BY_NAME["float64_gradcheck"].cases:
+        for case in boundary_cases(budget):  # always tried first, in every profile
+            run = example(case=case)(run)
 
     run.__qualname__ = run.__name__ = f"{law.name}[{flavour}]"
     run()
