@@ -68,7 +68,7 @@ def capability_of(item) -> str:
     params = getattr(getattr(item, "callspec", None), "params", {})
     if "mutant" in path or "test_harness" in path or path.startswith("perf/"):
         return "suite: " + os.path.basename(path).removesuffix(".py").removeprefix("test_")
-    if "attention" in path:
+    if "attention" in path or "triton" in path:
         flavour = params.get("flavour", "triton" if "triton" in name else "pytorch")
         law = getattr(params.get("law"), "name", "") or getattr(params.get("check"), "__name__", "") or name
         if "causal" in law and "non" not in law:
