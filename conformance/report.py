@@ -150,9 +150,21 @@ class ConformanceReport:
 
         return sorted(self.results.values(), key=key)
 
+    def target_note(self) -> str | None:
+        """A target may say how it departs from the protocol (e.g. an adapter computing L itself)."""
+        try:
+            from conformance.target import load_target
+
+            return getattr(load_target(self.config.getoption("--target")).obj, "NOTE", None)
+        except Exception:  # noqa: BLE001 - the report never fails a run
+            return None
+
     def as_markdown(self) -> str:
         target = self.config.getoption("--target") or "impl"
-        out = [f"# Conformance report: target `{target}`", "", "| capability | status | detail |", "|---|---|---|"]
+        out = [f"# Conformance report: target `{target}`", ""]
+        if self.target_note():
+            out += [f"Note: {self.target_note()}", ""]
+        out += ["| capability | status | detail |", "|---|---|---|"]
         for r in self.rows():
             out.append(f"| {r.capability} | {r.status} | {r.why()} |")
         fails = [r for r in self.rows() if r.failures]
@@ -170,6 +182,7 @@ class ConformanceReport:
     def as_json(self) -> dict:
         return {
             "target": self.config.getoption("--target") or "impl",
+            "note": self.target_note(),
             "capabilities": [dict(asdict(r), status=r.status, detail=r.why()) for r in self.rows()],
         }
 
@@ -180,6 +193,9 @@ class ConformanceReport:
         tr.section("conformance report")
         target = self.config.getoption("--target") or "impl"
         tr.write_line(f"target: {target}")
+        note = self.target_note()
+        if note:
+            tr.write_line(f"note: {note}")
         width = max(len(r.capability) for r in self.rows())
         for r in self.rows():
             markup = {"FAILS": {"red": True, "bold": True}, "conforms": {"green": True}}.get(r.status, {"yellow": True})
