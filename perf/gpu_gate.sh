@@ -34,11 +34,12 @@ export NCCL_NVLS_ENABLE=0
 
 status_of() { if [ "$1" -eq 0 ]; then echo pass; else echo "FAIL (exit $1)"; fi; }
 
-python3 -m pytest properties --device cuda --hypothesis-profile "$PROFILE" -p no:cacheprovider -q \
+# GATE_PYTEST_ARGS: extra pytest arguments for the properties and conformance runs (e.g. "-n 8").
+python3 -m pytest properties --device cuda ${GATE_PYTEST_ARGS:-} --hypothesis-profile "$PROFILE" -p no:cacheprovider -q \
   --junitxml "$OUTDIR/properties.xml" 2>&1 | tee "$OUTDIR/properties.log"
 RC_PROPS=${PIPESTATUS[0]}
 
-python3 -m pytest conformance --device cuda --hypothesis-profile "$PROFILE" -p no:cacheprovider -q \
+python3 -m pytest conformance --device cuda ${GATE_PYTEST_ARGS:-} --hypothesis-profile "$PROFILE" -p no:cacheprovider -q \
   --conformance-report "$OUTDIR/conformance-report" 2>&1 | tee "$OUTDIR/conformance.log"
 RC_CONF=${PIPESTATUS[0]}
 

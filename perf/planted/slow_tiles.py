@@ -1,0 +1,8 @@
+# Planted slow-down for the gate demonstration: appended to impl/flash_triton.py on a
+# scratch copy, it forces the forward onto 16x16 tiles with one warp (correct, but slow).
+_gate_demo_real_forward_config = default_forward_config  # noqa: F821
+
+
+def default_forward_config(dtype, head_dim, device):  # noqa: F811
+    cfg = _gate_demo_real_forward_config(dtype, head_dim, device)
+    return replace(cfg, block_m=16, block_n=16, num_warps=1, num_stages=1) if device.type == "cuda" else cfg  # noqa: F821
