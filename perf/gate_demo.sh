@@ -8,7 +8,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gate-demo}; mkdir -p "$OUT"
-export GATE_PYTEST_ARGS=${GATE_PYTEST_ARGS:--n 8 -k attention}
+export GATE_PYTEST_ARGS=${GATE_PYTEST_ARGS:--n 8 -k test_attention}  # the attention laws and spec; not the per-config compile sweep
 cp impl/flash_triton.py /tmp/flash_triton.orig.py
 restore() { cp /tmp/flash_triton.orig.py impl/flash_triton.py; }
 trap restore EXIT
