@@ -495,7 +495,7 @@ _INTERPRETER_BWD = BackwardConfig(64, 64, 64, 64, 4, 1, longest_first=True)
 # GPU (sm80/sm90): (dtype is 32-bit, head-dim bound) -> config.  Shared memory holds
 # num_stages copies of the K and V tiles (forward) or the Q and dO tiles (backward).
 _GPU_FWD = {
-    (False, 64): ForwardConfig(128, 64, 8, 3),  # first pick; perf/tune_attention.py sweeps
+    (False, 64): ForwardConfig(128, 64, 8, 3, longest_first=True),  # perf/tune_attention.py sweeps
     (False, 128): ForwardConfig(128, 64, 8, 3),
     (False, 256): ForwardConfig(64, 32, 4, 2),
     (True, 64): ForwardConfig(64, 32, 4, 2),
@@ -503,7 +503,7 @@ _GPU_FWD = {
     (True, 256): ForwardConfig(32, 32, 4, 1),
 }
 _GPU_BWD = {
-    (False, 64): BackwardConfig(64, 64, 64, 64, 4, 2, 128),  # first pick, as above
+    (False, 64): BackwardConfig(128, 32, 64, 64, 4, 3, 128, longest_first=True),
     (False, 128): BackwardConfig(64, 32, 64, 32, 4, 2, 128),
     (False, 256): BackwardConfig(32, 32, 32, 32, 4, 1, 64),
     (True, 64): BackwardConfig(64, 32, 64, 32, 4, 2, 64),

@@ -140,44 +140,37 @@ def default_candidates(anchors) -> list[Candidate]:
 
 def sweep_candidates() -> list[Candidate]:
     """Tile shapes, warps and stages per kernel, and the switches (longest-first order, TMA,
-    forward FMA fusion) on a few tile shapes.  Shapes that spill heavily or overflow shared
-    memory on sm_90 were dropped beforehand (perf/attention_sm90_report.py)."""
+    forward FMA fusion), chosen from the sm_90 resource report (perf/attention_sm90_report.py:
+    no heavy spills, shared memory that fits).  Kept short: on the GPU machine each candidate
+    costs some 4-8 kernel compilations of a few seconds for its correctness checks."""
     c = []
-    # d=64 forward: 8 warps is two warpgroups of 64 query rows each for BLOCK_M=128.
-    for bm, bn, w, s in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3),
-                         (128, 32, 4, 3), (64, 64, 4, 3), (256, 64, 16, 2), (64, 128, 4, 2)]:
-        c.append(_fwd("d64", "tiles-fwd", bm, bn, w, s))
-    for bm, bn, w, s in [(128, 64, 8, 3), (128, 128, 8, 2)]:
-        c.append(_fwd("d64", "switches", bm, bn, w, s, lpt=False))
-        c.append(_fwd("d64", "switches", bm, bn, w, s, tma=True))
-        c.append(_fwd("d64", "switches", bm, bn, w, s, fuse=True))
-        c.append(_fwd("d64", "switches", bm, bn, w, s, tma=True, fuse=True))
-    # d=64 backward: dK/dV tiles with the dQ kernel fixed, then dQ tiles with dK/dV fixed.
-    dq0, dkdv0 = (64, 64, 4, 2), (64, 64, 4, 2)
-    for dkdv in [(64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (128, 32, 8, 3), (128, 32, 8, 4),
-                 (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 8, 2)]:
-        c.append(_bwd("d64", "tiles-dkdv", dkdv, dq0))
-    for dq in [(64, 64, 4, 3), (64, 32, 4, 3), (128, 32, 4, 3), (128, 32, 8, 3), (128, 32, 8, 4),
-               (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2)]:
-        c.append(_bwd("d64", "tiles-dq", dkdv0, dq))
-    for dkdv, dq in [(dkdv0, dq0), ((128, 64, 8, 3), (128, 64, 8, 2)), ((128, 32, 4, 3), (64, 64, 4, 3))]:
-        c.append(_bwd("d64", "switches", dkdv, dq, lpt=False))
-        c.append(_bwd("d64", "switches", dkdv, dq, tma=True))
-    # d=128 (non-causal: the order switch changes nothing there, TMA and fusion may).
-    for bm, bn, w, s in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 3),
-                         (64, 128, 4, 2)]:
-        c.append(_fwd("d128", "tiles-fwd", bm, bn, w, s))
-    for bm, bn, w, s in [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]:
-        c.append(_fwd("d128", "switches", bm, bn, w, s, tma=True))
-        c.append(_fwd("d128", "switches", bm, bn, w, s, fuse=True))
-    # (dK/dV 64x64 with 4 warps and dQ 128x32 with 4 warps spill some 200 bytes on sm_90: left out.)
-    dq1, dkdv1 = (64, 32, 4, 2), (64, 32, 4, 2)
-    for dkdv in [(64, 32, 4, 3), (128, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 3), (64, 32, 8, 2)]:
-        c.append(_bwd("d128", "tiles-dkdv", dkdv, dq1))
-    for dq in [(64, 32, 4, 3), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 8, 2)]:
-        c.append(_bwd("d128", "tiles-dq", dkdv1, dq))
-    for dkdv, dq in [(dkdv1, dq1), ((128, 32, 8, 2), (128, 32, 8, 2))]:
-        c.append(_bwd("d128", "switches", dkdv, dq, tma=True))
+    # d=64 forward (causal): 8 warps = two warpgroups of 64 query rows for BLOCK_M=128.
+    for bm, bn, w, s, tma, fuse in [(128, 64, 8, 3, True, False),
+                                    (128, 64, 8, 3, False, True), (128, 64, 8, 4, False, False),
+                                    (128, 128, 8, 2, False, False), (128, 128, 8, 2, True, False),
+                                    (64, 64, 4, 3, False, False), (256, 64, 16, 2, False, False)]:
+        c.append(_fwd("d64", "switches" if (tma or fuse) else "tiles-fwd", bm, bn, w, s, tma=tma, fuse=fuse))
+    c.append(_fwd("d64", "switches", 128, 64, 8, 3, lpt=False))  # the previous default (the new: lpt)
+    # d=64 backward: (dK/dV tiles, dQ tiles, switches)
+    for dkdv, dq, group, lpt, tma in [
+        ((64, 64, 4, 2), (64, 64, 4, 2), "switches", False, False),  # the previous default
+        ((64, 64, 4, 2), (64, 64, 4, 2), "switches", True, False),
+        ((64, 64, 4, 2), (64, 64, 4, 2), "switches", True, True),
+        ((128, 32, 4, 3), (64, 64, 4, 3), "switches", True, True),
+        ((128, 64, 8, 3), (64, 64, 4, 3), "tiles-dkdv", True, False),
+        ((128, 32, 8, 3), (64, 64, 4, 3), "tiles-dkdv", True, False),
+        ((128, 32, 4, 3), (128, 64, 8, 2), "tiles-dq", True, False),
+        ((128, 32, 4, 3), (128, 32, 8, 3), "tiles-dq", True, False),
+        ((128, 64, 8, 3), (128, 64, 8, 2), "tiles-dq", True, True),
+    ]:
+        c.append(_bwd("d64", group, dkdv, dq, lpt=lpt, tma=tma))
+    # d=128 (non-causal: the order switch changes nothing there; TMA may)
+    c.append(_fwd("d128", "switches", 128, 64, 8, 3, tma=True))
+    c.append(_fwd("d128", "tiles-fwd", 128, 128, 8, 2, tma=True))
+    c.append(_fwd("d128", "tiles-fwd", 64, 64, 4, 3, tma=True))
+    c.append(_bwd("d128", "switches", (64, 32, 4, 2), (64, 32, 4, 2), tma=True))
+    c.append(_bwd("d128", "tiles-dkdv", (128, 32, 8, 2), (128, 32, 8, 2), tma=True))
+    c.append(_bwd("d128", "tiles-dq", (64, 32, 4, 3), (64, 32, 4, 3)))
     return c
 
 
@@ -192,11 +185,15 @@ def dry_candidates() -> list[Candidate]:
 # Correctness (runs in pool processes)
 # ---------------------------------------------------------------------------------------
 
-# (dtype, causal, N): N=1000 exercises partial tiles, N=1024 the full-tile path the anchors time.
-CHECKS = [("bf16", True, 1000), ("bf16", False, 1000), ("fp16", True, 1000), ("fp16", False, 1000),
-          ("bf16", True, 1024), ("bf16", False, 1024)]
-DRY_CHECKS = [("fp16", True, 70), ("bf16", False, 64)]
-PROBES = [("bf16", 50), ("fp16", 50), ("bf16", 256)]  # (dtype, n_k) for a single causal query row
+# (dtype, causal, N) per anchor: the anchor's timed combination at N=1024 (full tiles, the
+# code path the timing runs), the others mixed between N=1024 and N=1000 (partial tiles), so
+# that each candidate compiles each kernel once per (dtype, causal) and no more.
+CHECKS = {
+    "d64": [("bf16", True, 1024), ("bf16", False, 1000), ("fp16", True, 1024), ("fp16", False, 1000)],
+    "d128": [("bf16", False, 1024), ("bf16", True, 1000), ("fp16", False, 1024), ("fp16", True, 1000)],
+}
+DRY_CHECKS = {"d64": [("fp16", True, 70), ("bf16", False, 64)], "d128": [("fp16", False, 64)]}
+PROBES = [("bf16", 256), ("fp16", 256), ("bf16", 50)]  # (dtype, n_k) for a single causal query row
 
 
 def _device() -> torch.device:
@@ -273,13 +270,16 @@ def probe_one(cand: dict, dtype_name: str, n_k: int, d: int) -> dict:
     return dict(check=label, ok=not failed, failures=[f"{label}: {', '.join(failed)} false"] if failed else [])
 
 
-def check_candidate(cand: dict, d: int, checks, probes) -> dict:
+def check_candidate(cand: dict, d: int, checks, probes, verbose: bool = False) -> dict:
     """Every check and probe for one candidate; an exception is a failed candidate, not a crash."""
     t0 = time.time()
     results = []
     try:
         for dtype_name, causal, n in checks:
             results.append(check_one(cand, dtype_name, causal, n, d))
+            if verbose:
+                print(f"    ({os.getpid()}) {cand['name']}: {results[-1]['check']} "
+                      f"{'ok' if results[-1]['ok'] else 'FAIL'} at {time.time() - t0:.0f}s", flush=True)
         for dtype_name, n_k in probes:
             results.append(probe_one(cand, dtype_name, n_k, d))
         if _device().type == "cuda":
@@ -299,7 +299,8 @@ def check_candidate(cand: dict, d: int, checks, probes) -> dict:
 
 def _pool_check(args):
     cand, d, checks, probes = args
-    return check_candidate(cand, d, checks, probes)
+    torch.set_num_threads(2)  # many workers share the machine's cores; the CPU work here is small
+    return check_candidate(cand, d, checks, probes, verbose=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -424,7 +425,8 @@ def run_correctness(cands: list[Candidate], anchors, checks, probes, workers: in
     import multiprocessing as mp
 
     results = {}
-    jobs = [(dict(name=c.name, kind=c.kind, config=c.config), anchors[c.anchor].d, checks, probes) for c in cands]
+    jobs = [(dict(name=c.name, kind=c.kind, config=c.config), anchors[c.anchor].d, checks[c.anchor], probes)
+            for c in cands]
     # A few candidates per process: a kernel that corrupts its CUDA context (an illegal
     # address is sticky) can then fail only its neighbours, not a whole worker's share.
     pool = mp.get_context("spawn").Pool(workers, maxtasksperchild=4)
@@ -633,8 +635,8 @@ def run_pytest(deadline, report):
     if left < 40:
         report.data["pytest"] = dict(status=f"skipped: {left:.0f}s left")
         return
-    cmd = [sys.executable, "-m", "pytest", "properties/test_attention.py", "conformance/test_attention_spec.py",
-           "properties/test_triton_configs.py", "-k", "triton", "--device", "cuda", "--hypothesis-profile", "ci", "-q", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", "conformance/test_attention_spec.py", "properties/test_triton_configs.py",
+           "properties/test_attention.py", "-k", "triton", "--device", "cuda", "--hypothesis-profile", "ci", "-q", "-p", "no:cacheprovider"]
     print(f"\n== {' '.join(cmd[2:])}  ({left:.0f}s left)", flush=True)
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=left)
@@ -767,30 +769,39 @@ def main() -> int:
     for name, aname, kind, cfg in json.loads(args.extra or "[]"):
         cands.append(Candidate(name, aname, kind, tuple(sorted(cfg.items())), "extra"))
 
-    # 1. correctness, in parallel processes (compiles in parallel too)
+    # 1. correctness: the defaults here first (their kernels, which every other candidate's
+    # checks also run, then sit in Triton's disk cache), the rest in parallel processes
     t = time.time()
     checks, probes = (DRY_CHECKS, PROBES[:1]) if dry else (CHECKS, PROBES)
     workers = 2 if dry else args.workers
-    print(f"\n== correctness: {len(cands)} candidates x ({len(checks)} checks + {len(probes)} probes), "
-          f"{workers} processes", flush=True)
+    print(f"\n== correctness: {len(cands)} candidates x (4 checks + {len(probes)} probes), "
+          f"defaults here, the rest in {workers} processes", flush=True)
+    status = {}
+    for c in [c for c in cands if c.group == "default"]:
+        status[c.name] = r = check_candidate(dict(name=c.name, kind=c.kind, config=c.config), anchors[c.anchor].d,
+                                             checks[c.anchor], probes, verbose=True)
+        print(f"  [{r['status']:5s}] {c.name}  {r['seconds']}s  {'; '.join(r['failures'][:2])[:300]}", flush=True)
     share = 0.45 if args.phase == "sweep" else 0.3
-    status = run_correctness(cands, anchors, checks, probes, workers, start + share * args.budget)
+    status.update(run_correctness([c for c in cands if c.group != "default"], anchors, checks, probes, workers,
+                                  start + share * args.budget))
     report.data["correctness"] = status
     steps["correctness"] = time.time() - t
     report.save()
 
-    # 2. timing, then the best tiles combined with the best switches
+    # 2. timing, then (d64 only) the best tiles combined with the best switches
     t = time.time()
     print("\n== timing (do_bench median)", flush=True)
     timing_end = deadline - (110 if args.phase == "sweep" else 200)
     timings = run_timing(cands, anchors, status, timing_end, report)
-    if args.phase == "sweep" and time.time() < timing_end - 20:
-        combos = combined_candidates(timings, anchors)
+    if args.phase == "sweep" and time.time() < timing_end - 40:
+        combos = [c for c in combined_candidates(timings, anchors) if c.anchor == "d64"]
         if combos:
             print(f"\n== combined candidates: {len(combos)}", flush=True)
             for c in combos:
+                if time.time() > timing_end - 30:
+                    break
                 status[c.name] = check_candidate(dict(name=c.name, kind=c.kind, config=c.config),
-                                                 anchors[c.anchor].d, checks, probes)
+                                                 anchors[c.anchor].d, checks[c.anchor], probes)
                 print(f"  [{status[c.name]['status']:5s}] {c.name}", flush=True)
             run_timing(combos, anchors, status, timing_end, report)
     steps["timing"] = time.time() - t
