@@ -748,6 +748,7 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "perf-out"))
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes, a few candidates")
+    parser.add_argument("--pytest", action="store_true", help="run the GPU attention checks last in the sweep phase too")
     parser.add_argument("--extra", default="", help="JSON list of extra candidates [name, anchor, kind, {config}]")
     args = parser.parse_args()
     start = time.time()
@@ -825,7 +826,7 @@ def main() -> int:
     report.save()
 
     # 5. the GPU checks
-    if args.phase == "confirm" and not dry:
+    if (args.phase == "confirm" or args.pytest) and not dry:
         t = time.time()
         run_pytest(deadline - 5, report)
         steps["pytest"] = time.time() - t
