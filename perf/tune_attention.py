@@ -128,7 +128,7 @@ def default_candidates(anchors) -> list[Candidate]:
     for name, a in anchors.items():
         device = torch.device("cuda")
         f = ft.default_forward_config(BF16, a.d, device)
-        b = ft.default_backward_config(BF16, a.d, device)
+        b = ft.default_backward_config(BF16, a.d, device, a.causal)
         fd = {k: v for k, v in asdict(f).items()}
         bd = {k: v for k, v in asdict(b).items()}
         bd["dq_num_warps"] = bd["dq_num_warps"] or bd["num_warps"]
