@@ -65,6 +65,13 @@ def pytest_addoption(parser):
     group = parser.getgroup("conformance")
     group.addoption("--target", default=None, help="implementation under test: module, module:attr, or file path (default: impl)")
     group.addoption("--device", default="auto", choices=("auto", "cpu", "cuda"), help="device for tensors (default: auto)")
+    group.addoption(
+        "--world-size",
+        type=int,
+        default=None,
+        help="pin every drawn distributed case to this many ranks (default: drawn from 1 to 4); "
+        "more ranks than GPUs is reported as skipped",
+    )
 
 
 def pytest_configure(config):
@@ -73,6 +80,16 @@ def pytest_configure(config):
         raise pytest.UsageError("--device cuda: no CUDA device is visible")
     # Child processes (distributed ranks, xdist workers) read these.
     os.environ["SUITE_DEVICE"] = device
+    world_size = config.getoption("--world-size")
+    if world_size is not None:
+        if world_size < 1:
+            raise pytest.UsageError(f"--world-size must be at least 1, got {world_size}")
+        from conformance.harness import MAX_CPU_WORLD_SIZE
+
+        on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+        if on_cpu and world_size > MAX_CPU_WORLD_SIZE:
+            raise pytest.UsageError(f"--world-size {world_size}: the CPU harness runs at most {MAX_CPU_WORLD_SIZE} ranks")
+        os.environ["SUITE_WORLD_SIZE"] = str(world_size)
     if config.getoption("--target"):
         os.environ["SUITE_TARGET"] = config.getoption("--target")
 

@@ -203,6 +203,17 @@ def available_world_sizes(device: str | torch.device | None = None) -> range:
     return range(1, MAX_CPU_WORLD_SIZE + 1)
 
 
+def pinned_world_size() -> int | None:
+    """The world size every drawn distributed case uses, when pinned (``--world-size N``,
+    environment ``SUITE_WORLD_SIZE``): a scale run on a large host.  None: drawn."""
+    raw = os.environ.get("SUITE_WORLD_SIZE", "")
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"SUITE_WORLD_SIZE / --world-size must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
 def check_world_size(world_size: int, device: str | torch.device | None = None) -> None:
     """Raise ValueError/TypeError for a bad world size, NotEnoughDevices for too few GPUs."""
     if isinstance(world_size, bool) or not isinstance(world_size, int):

@@ -75,7 +75,7 @@ from hypothesis import strategies as st
 
 from conformance import oracle
 from conformance.ddp_flavours import FLAVOURS, FlavourAPI, flavour_api, not_offered_result, raise_if_not_offered
-from conformance.harness import available_world_sizes, run_on_ranks
+from conformance.harness import available_world_sizes, pinned_world_size, run_on_ranks
 from conformance.target import NotOffered, load_target
 
 __all__ = ["FLAVOURS", "FlavourAPI", "flavour_api", "LAWS"]
@@ -639,7 +639,8 @@ def check_layout(result: dict, bucket_size_mb) -> None:
 
 
 def max_world_size() -> int:
-    return min(MAX_CPU_WORLD, max(available_world_sizes()))
+    pinned = pinned_world_size()
+    return pinned if pinned is not None else min(MAX_CPU_WORLD, max(available_world_sizes()))
 
 
 def model_specs(*, tied=st.booleans(), frozen=st.booleans(), branch=st.booleans(), min_depth=1, max_depth=3):
@@ -674,6 +675,8 @@ def bucket_sizes_mb():
 
 def world_sizes(min_world: int = 1):
     top = max_world_size()
+    if pinned_world_size() is not None:
+        return st.just(top)
     return st.integers(min(min_world, top), top)
 
 

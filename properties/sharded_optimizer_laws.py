@@ -38,7 +38,7 @@ from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
 from conformance import oracle
-from conformance.harness import RankFailure, available_world_sizes, run_on_ranks
+from conformance.harness import RankFailure, available_world_sizes, pinned_world_size, run_on_ranks
 from conformance.target import NotOffered, load_target
 from perf.memory_accounting import optimizer_state_bytes
 
@@ -186,6 +186,8 @@ def group_option_sets(draw, n_groups: int):
 
 
 def world_sizes(device) -> st.SearchStrategy[int]:
+    if pinned_world_size() is not None:
+        return st.just(pinned_world_size())
     top = min(MAX_WORLD_SIZE, max(available_world_sizes(device)))
     return st.integers(1, top)
 
@@ -202,7 +204,7 @@ def sharding_cases(draw, device, *, dtypes=(torch.float32, torch.float32, torch.
         groups=groups,
         group_options=draw(group_option_sets(len(groups))),
         steps=draw(st.integers(1, max_steps)),
-        world_size=draw(st.integers(min(min_world_size, top), top)),
+        world_size=draw(st.just(pinned_world_size()) if pinned_world_size() is not None else st.integers(min(min_world_size, top), top)),
         missing_grads=draw(st.sampled_from(missing)),
         seed=draw(st.integers(0, 2**20)),
     )
