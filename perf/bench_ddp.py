@@ -10,6 +10,8 @@ Variants, each on a fresh model (hooks left by one wrapper must not slow the nex
     flat                impl FlatDDP: one all-reduce of all gradients, flattened, after backward
     individual          impl OverlappedIndividualDDP: async all-reduce per parameter from its hook
     bucketed_<MB>       impl BucketedDDP(bucket_size_mb=MB), MB in 1 5 10 25 50 100 250 and none (one bucket)
+    bucketed_<MB>_cur   the same with side_stream=False: gradients copied into the bucket on the
+                        backward's own stream (by request, not in the default list)
     torch_ddp_<MB>      torch DistributedDataParallel(bucket_cap_mb=MB), MB in 10 25 50 100 250
     torch_ddp_25_gav    the same at 25 MB with gradient_as_bucket_view=True
     local_again         local once more, last: drift of the machine over the run
@@ -17,6 +19,9 @@ Variants, each on a fresh model (hooks left by one wrapper must not slow the nex
 The step: zero_grad(set_to_none=True), on_train_batch_start, forward under bf16 autocast
 (parameters, gradients and AdamW state float32), cross entropy, backward,
 finish_gradient_synchronization, AdamW.step (foreach; lr 1e-4, weight decay 0.1).
+For our wrappers the table also gives the host time per step spent launching
+collectives (``launch_host_ms``) and in finish (``finish_host_ms``); ``--profile V ...``
+writes one profiled step of each named variant (rank 0) to profile_<V>.txt.
 ``--warmup`` untimed steps, then ``--iters`` timed ones, each between device
 synchronisations (perf.measure.time_calls); the table gives the median (the ratio uses
 it), mean, standard deviation and minimum, the peak memory, and whether the replicas'
@@ -95,8 +100,13 @@ class Config:
     seed: int = 0
 
 
+VARIANT_SUFFIXES = ("_gav", "_cur")  # torch DDP gradient_as_bucket_view; ours without the side stream
+
+
 def bucket_mb(variant: str) -> float | None:
-    tail = variant.rsplit("_", 1)[-1] if not variant.endswith("_gav") else variant.split("_")[-2]
+    for suffix in VARIANT_SUFFIXES:
+        variant = variant.removesuffix(suffix)
+    tail = variant.rsplit("_", 1)[-1]
     return None if tail == "none" else float(tail)
 
 
@@ -132,7 +142,7 @@ def build_variant(variant: str, model, device):
     elif variant == "individual":
         wrapper = OverlappedIndividualDDP(model)
     elif variant.startswith("bucketed_"):
-        wrapper = BucketedDDP(model, bucket_size_mb=bucket_mb(variant))
+        wrapper = BucketedDDP(model, bucket_size_mb=bucket_mb(variant), side_stream=not variant.endswith("_cur"))
     else:
         raise ValueError(f"unknown variant {variant!r}")
     cleanup = getattr(wrapper, "remove_hooks", noop)
@@ -163,10 +173,51 @@ def _replicas_identical(model) -> bool:
     return all(torch.equal(g, gathered[0]) for g in gathered)
 
 
-def measure_variant(ctx, variant: str, cfg: Config) -> dict:
+class HostClock:
+    """Wall time the host spends inside a function (the wrappers' launch and finish)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.calls = 0
+
+    def wrap(self, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+                self.calls += 1
+
+        return timed
+
+
+def profile_step(step, device, path: Path | None, rows: int = 30) -> None:
+    """One step under torch.profiler: the top operators by device and by host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        _sync(device)
+    if path is None:
+        return
+    by = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    averages = prof.key_averages()
+    path.write_text(
+        f"# one profiled step ({by})\n" + averages.table(sort_by=by, row_limit=rows)
+        + "\n# by self host time\n" + averages.table(sort_by="self_cpu_time_total", row_limit=rows)
+    )
+
+
+def measure_variant(ctx, variant: str, cfg: Config, profile_dir: str | None = None) -> dict:
     torch.manual_seed(cfg.seed)
     model = make_gpt(cfg.size, device=ctx.device)
     module, start, finish, cleanup = build_variant(variant, model, ctx.device)
+    launch_clock, finish_clock = HostClock(), HostClock()
+    if hasattr(module, "_launch"):  # ours: time the host side of every collective launch
+        module._launch = launch_clock.wrap(module._launch)
+    finish = finish_clock.wrap(finish)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     batches = _batches(cfg, model, ctx.rank, ctx.device)
     counter = iter(range(10**9))
@@ -182,12 +233,17 @@ def measure_variant(ctx, variant: str, cfg: Config) -> dict:
         torch.cuda.reset_peak_memory_stats(ctx.device)
     times = time_calls(step, ctx.device, cfg.warmup, cfg.iters)
     peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
+    steps_run = cfg.warmup + cfg.iters
+    host = {"launch_host_ms": launch_clock.seconds * 1e3 / steps_run, "launches": launch_clock.calls / steps_run,
+            "finish_host_ms": finish_clock.seconds * 1e3 / steps_run}
+    if profile_dir is not None:  # every rank steps (the collectives must match); rank 0 writes
+        profile_step(step, ctx.device, Path(profile_dir) / f"profile_{variant}.txt" if ctx.rank == 0 else None)
     identical = None if variant.startswith("local") else _replicas_identical(model)
     n_buckets = len(module.buckets) if hasattr(module, "buckets") else None
     cleanup()
     del module, model, optimizer, batches
     free_memory(ctx.device)
-    return {"times_ms": [t * 1e3 for t in times], "peak_bytes": peak, "replicas_identical": identical, "buckets": n_buckets}
+    return {"times_ms": [t * 1e3 for t in times], "peak_bytes": peak, "replicas_identical": identical, "buckets": n_buckets, **host}
 
 
 def gradient_timeline(ctx, cfg: Config) -> dict:
@@ -304,6 +360,8 @@ def summarise(variant: str, per_rank: list[dict]) -> dict:
         "peak_gib": max(peaks) / 2**30 if peaks else None,
         "buckets": per_rank[0]["buckets"],
         "replicas_identical": per_rank[0]["replicas_identical"],
+        "launch_host_ms": max(r["launch_host_ms"] for r in per_rank) if per_rank[0]["launches"] else None,
+        "finish_host_ms": max(r["finish_host_ms"] for r in per_rank),
         "status": "ok",
     }
 
@@ -329,7 +387,8 @@ def run_variants(opts, cfg: Config, device: str, world: int, out: Path, info: di
             continue
         t0 = time.perf_counter()
         try:
-            per_rank = run_on_ranks(measure_variant, world, variant, cfg, device=device, timeout=opts.timeout)
+            profile_dir = str(out) if variant in opts.profile else None
+            per_rank = run_on_ranks(measure_variant, world, variant, cfg, profile_dir, device=device, timeout=opts.timeout)
             row = summarise(variant, per_rank)
         except Exception as exc:  # noqa: BLE001 - one broken variant must not lose the others
             row = {"variant": variant, "status": f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
@@ -380,7 +439,7 @@ def finish_payload(payload: dict) -> None:
 
 
 TABLE = ("variant", "median_ms", "vs_local", "mean_ms", "std_ms", "min_ms", "peak_gib", "buckets", "replicas_identical",
-         "model_exposed_ms", "model_ms", "status")
+         "launch_host_ms", "finish_host_ms", "model_exposed_ms", "model_ms", "status")
 
 
 def markdown(payload: dict) -> list[tuple[str, str]]:
@@ -466,6 +525,7 @@ def parse_args(argv=None):
     p.add_argument("--probe-max-mib", type=int, default=None, help="largest all-reduce of the alpha/beta probe")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per variant before it is reported stuck")
     p.add_argument("--time-budget-s", type=float, default=300.0, help="variants not started by then are skipped")
+    p.add_argument("--profile", nargs="*", default=[], help="variants to profile for one extra step (rank 0): profile_<variant>.txt")
     opts = p.parse_args(argv)
     opts.variants = opts.variants or default_variants()
     return opts

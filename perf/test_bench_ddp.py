@@ -13,7 +13,7 @@ import pytest
 from perf.bench_ddp import MIB, bucket_mb, exposed_seconds, optimal_bucket_mb, predict
 
 ROOT = Path(__file__).resolve().parents[1]
-SMOKE_VARIANTS = ["local", "naive", "flat", "individual", "bucketed_1", "bucketed_none", "torch_ddp_25", "local_again"]
+SMOKE_VARIANTS = ["local", "naive", "flat", "individual", "bucketed_1", "bucketed_1_cur", "bucketed_none", "torch_ddp_25", "local_again"]
 
 
 def _run(args, tmp_path):
@@ -43,6 +43,7 @@ def test_ddp_benchmark_tiny_mode_measures_the_variants_and_fits_the_model(tmp_pa
         if not name.startswith("local"):
             assert row["replicas_identical"] is True, name
     assert rows["bucketed_none"]["buckets"] == 1
+    assert rows["bucketed_1"]["launch_host_ms"] > 0 and rows["torch_ddp_25"]["launch_host_ms"] is None
     model = payload["model"]
     assert model["alpha_s"] >= 0 and 0 < model["beta_bytes_per_s"] < float("inf") and model["timeline"]["backward_ms"] > 0
     assert payload["summary"]["predicted_best_bucket_mb"] >= 1
@@ -63,6 +64,21 @@ def test_alpha_beta_fit_recovers_a_line_and_survives_noise():
 def test_variant_names_carry_their_bucket_size():
     assert bucket_mb("bucketed_25") == 25.0 and bucket_mb("bucketed_none") is None
     assert bucket_mb("torch_ddp_100") == 100.0 and bucket_mb("torch_ddp_25_gav") == 25.0
+    assert bucket_mb("bucketed_25_cur") == 25.0 and bucket_mb("bucketed_none_cur") is None
+
+
+@pytest.mark.distributed
+def test_weak_scaling_tiny_mode_gives_efficiency_against_local_at_one_rank(tmp_path):
+    _run(["perf/bench_scaling.py", "--tiny", "--worlds", "1", "2", "--variants", "bucketed_1", "torch_ddp_25"], tmp_path)
+    payload = json.loads((tmp_path / "scaling.json").read_text())
+    rows = payload["rows"]
+    assert [(r["world_size"], r["variant"]) for r in rows] == [
+        (1, "local"), (1, "bucketed_1"), (1, "torch_ddp_25"), (2, "bucketed_1"), (2, "torch_ddp_25"), (1, "local_again")]
+    assert all(r["status"] == "ok" for r in rows)
+    base = max(r["tokens_per_s"] for r in rows if r["variant"].startswith("local"))
+    for r in rows:  # efficiency = tokens/s / (W x tokens/s of the faster local run)
+        assert r["efficiency"] == pytest.approx(r["tokens_per_s"] / (r["world_size"] * base))
+    assert [v["world_size"] for v in payload["verdicts"]] == [2]
 
 
 def test_exposed_communication_follows_the_stream_recurrence():

@@ -124,9 +124,12 @@ class OrderedOverlapBase(DataParallelBase):
     is left (missing gradients count as zero), waits, and applies the presence rule.
     """
 
+    # Feed collectives from a CUDA side stream (True) or from the backward's own stream.
+    side_stream = True
+
     def __init__(self, module: nn.Module):
         super().__init__(module)
-        self.comm_stream = comm.CommStream(self.device)
+        self.comm_stream = comm.CommStream(self.device, enabled=self.side_stream)
         self._units = self._build_units()
         self._unit_of = {id(p): u for u in self._units for p in u.params}
         self._next_launch = 0

@@ -88,8 +88,9 @@ class Bucket(Unit):
 
 
 class BucketedDDP(OrderedOverlapBase):
-    def __init__(self, module: nn.Module, bucket_size_mb: float | None = None):
+    def __init__(self, module: nn.Module, bucket_size_mb: float | None = None, *, side_stream: bool = True):
         self.bucket_size_mb = check_bucket_size_mb(bucket_size_mb)
+        self.side_stream = bool(side_stream)  # False: copy into the bucket on the backward's stream
         super().__init__(module)
 
     @property

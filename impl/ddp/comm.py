@@ -71,8 +71,8 @@ def average_(tensor: torch.Tensor) -> torch.Tensor:
 class CommStream:
     """Where the work feeding a collective runs: a CUDA side stream, or inline on the CPU."""
 
-    def __init__(self, device: torch.device):
-        self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self.stream = torch.cuda.Stream(device=device) if enabled and device.type == "cuda" else None
 
     @contextlib.contextmanager
     def after_current(self):
