@@ -200,6 +200,7 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="gloo only, 2 ranks, 1 and 4 MiB: a smoke run for CI")
     p.add_argument("--cpu-worlds", type=int, nargs="*", default=[2, 4, 6], help="gloo world sizes (default 2 4 6)")
     p.add_argument("--cpu-max-mib", type=int, default=256, help="largest gloo payload in MiB (default 256)")
+    p.add_argument("--gpu-worlds", type=int, nargs="*", default=None, help="NCCL world sizes (default 2, 4, 8 and all GPUs, as many as there are)")
     p.add_argument("--gpu-max-mib", type=int, default=1024, help="largest NCCL payload in MiB (default 1024)")
     p.add_argument("--no-gpu", action="store_true", help="skip the NCCL sweep")
     p.add_argument("--warmup", type=int, default=3)
@@ -230,8 +231,10 @@ def main(argv=None) -> int:
         if not opts.no_gpu and n_gpus >= 2:
             info.update({f"gpu_{k}": v for k, v in device_description("cuda:0").items() if k != "device"})
             info["gpus"] = n_gpus
-            rows += sweep("cuda", n_gpus, sizes_up_to(opts.gpu_max_mib), opts)
-            print(f"nccl x{n_gpus}: done at {time.perf_counter() - start:.1f} s", flush=True)
+            worlds = opts.gpu_worlds or sorted({w for w in (2, 4, 8, n_gpus) if 2 <= w <= n_gpus})
+            for w in worlds:
+                rows += sweep("cuda", w, sizes_up_to(opts.gpu_max_mib), opts)
+                print(f"nccl x{w}: done at {time.perf_counter() - start:.1f} s", flush=True)
         elif not opts.no_gpu:
             info["nccl"] = f"skipped: {n_gpus} GPU(s) visible, need 2"
     finally:
