@@ -37,10 +37,13 @@ Overhead model (``model`` section of the outputs)
         start_i = max(ready_i, end_{i-1}),   end_i = start_i + alpha + bytes_i / beta
         exposed = max(0, end_last - T)
 
-    and the predicted step is  t_local + exposed + c,  with c (copies, hooks, the SMs
-    NCCL takes from compute) fitted as the median residual of the measured bucketed
-    steps.  The predicted optimal bucket size minimises ``exposed`` over a fine grid
-    of sizes from 1 to 1000 MiB.
+    and the predicted step is  t_local + exposed + n_buckets x h + c.  h is the host time
+    of one bucket launch, measured (median of launch_host_ms / buckets): the step of this
+    model is bound by the host (thousands of small kernels), so every launch (hook,
+    copy, collective call) lengthens it.  c (the SMs NCCL takes from compute, the rest)
+    is fitted as the median residual of the measured bucketed steps.  The predicted
+    optimal bucket size minimises exposed (and, with h, exposed + n_buckets x h) over a
+    fine grid of sizes from 1 to 1000 MiB.
 
 Outputs in ``--out``: ddp.md, ddp.csv, ddp.json (rewritten after every variant, so a run
 cut short keeps what it measured), ddp.png (when matplotlib is installed).  Ranks run
@@ -335,12 +338,20 @@ def predict(variant: str, timeline: dict, alpha: float, beta: float) -> float | 
     return None
 
 
-def optimal_bucket_mb(timeline: dict, alpha: float, beta: float) -> tuple[float, float]:
-    """(bucket MiB, exposed s) minimising the exposed communication over 1..1000 MiB."""
+def optimal_bucket_mb(timeline: dict, alpha: float, beta: float, launch_s: float = 0.0) -> tuple[float, float]:
+    """(bucket MiB, cost s) minimising exposed communication + buckets x launch_s over 1..1000 MiB.
+
+    ``launch_s`` is the host time one bucket's launch takes (copy, hook, collective call):
+    when the step is bound by the host, every launch lengthens it by that much."""
     backward_s = timeline["backward_ms"] / 1e3
+
+    def cost(mb: float) -> float:
+        buckets = bucket_timeline(timeline, mb * MIB)
+        return exposed_seconds(buckets, alpha, beta, backward_s) + len(buckets) * launch_s
+
     grid = [10 ** (k / 20) for k in range(0, 61)]  # 1 .. 1000 MiB, 20 points a decade
-    best = min(grid, key=lambda mb: (exposed_seconds(bucket_timeline(timeline, mb * MIB), alpha, beta, backward_s), mb))
-    return best, exposed_seconds(bucket_timeline(timeline, best * MIB), alpha, beta, backward_s)
+    best = min(grid, key=lambda mb: (cost(mb), mb))
+    return best, cost(best)
 
 
 # --- parent side -------------------------------------------------------------------------
@@ -413,16 +424,28 @@ def finish_payload(payload: dict) -> None:
         r["vs_local"] = r["median_ms"] / local_ms if local_ms else None
         exposed = predict(r["variant"], timeline, alpha, beta) if timeline and beta else None
         r["model_exposed_ms"] = None if exposed is None else exposed * 1e3
-    fitted = [r["median_ms"] - local_ms - r["model_exposed_ms"] for r in rows
+    # h: host time per bucket launch, measured (launch_host_ms over the buckets) where the run has it
+    per_launch = [r["launch_host_ms"] / r["buckets"] for r in rows
+                  if r["status"] == "ok" and r["variant"].startswith("bucketed_") and r.get("launch_host_ms") and r.get("buckets")]
+    h_ms = statistics.median(per_launch) if per_launch else 0.0
+
+    def launches_ms(r) -> float:
+        return h_ms * (r.get("buckets") or 0) if r["variant"].startswith("bucketed_") else 0.0
+
+    fitted = [r["median_ms"] - local_ms - r["model_exposed_ms"] - launches_ms(r) for r in rows
               if r["status"] == "ok" and r["variant"].startswith("bucketed_") and r.get("model_exposed_ms") is not None and local_ms]
     c_ms = statistics.median(fitted) if fitted else None
     for r in rows:
         if r["status"] == "ok" and r.get("model_exposed_ms") is not None and c_ms is not None:
-            r["model_ms"] = local_ms + r["model_exposed_ms"] + (c_ms if r["variant"].startswith(("bucketed_", "individual")) else 0.0)
-    summary = {"local_ms": local_ms, "c_ms": c_ms}
+            extra = c_ms + launches_ms(r) if r["variant"].startswith(("bucketed_", "individual")) else 0.0
+            r["model_ms"] = local_ms + r["model_exposed_ms"] + extra
+    summary = {"local_ms": local_ms, "c_ms": c_ms, "launch_host_ms_per_bucket": h_ms}
     if timeline and beta:
         best_mb, best_exposed = optimal_bucket_mb(timeline, alpha, beta)
         summary.update(predicted_best_bucket_mb=best_mb, predicted_best_exposed_ms=best_exposed * 1e3)
+        if h_ms:
+            best_mb, best_cost = optimal_bucket_mb(timeline, alpha, beta, h_ms / 1e3)
+            summary.update(predicted_best_bucket_mb_with_launch_cost=best_mb, predicted_best_cost_ms=best_cost * 1e3)
     ours = [r for r in rows if r["status"] == "ok" and r["variant"].startswith("bucketed_")]
     theirs = [r for r in rows if r["status"] == "ok" and r["variant"].startswith("torch_ddp_")]
     if ours:
@@ -455,11 +478,15 @@ def markdown(payload: dict) -> list[tuple[str, str]]:
             f"- local step parts (one instrumented step): forward {tl['forward_ms']:.2f} ms, backward {tl['backward_ms']:.2f} ms, "
             f"optimizer {tl['optimizer_ms']:.2f} ms; {tl['parameters'] / 1e6:.1f} M parameters",
             f"- all-reduce at this world size: alpha = {model['alpha_s'] * 1e6:.1f} us, beta = {model['beta_bytes_per_s'] / 1e9:.1f} GB/s (payload bytes)",
-            f"- c (median residual of the bucketed steps: copies, hooks, compute slowed by NCCL) = {summary.get('c_ms')}",
-            f"- predicted optimal bucket size: {summary.get('predicted_best_bucket_mb', float('nan')):.1f} MiB "
+            f"- h (host time of one bucket launch, measured) = {summary.get('launch_host_ms_per_bucket', 0.0):.3f} ms",
+            f"- c (median residual of the bucketed steps: compute slowed by NCCL, the rest) = {summary.get('c_ms')}",
+            f"- predicted optimal bucket size, communication alone: {summary.get('predicted_best_bucket_mb', float('nan')):.1f} MiB "
             f"(exposed communication {summary.get('predicted_best_exposed_ms', float('nan')):.2f} ms)",
         ]
-        sections.append(("Overhead model: t = t_local + exposed(buckets) + c", "\n".join(lines)))
+        if summary.get("predicted_best_bucket_mb_with_launch_cost") is not None:
+            lines.append(f"- predicted optimal bucket size with the launch cost h: {summary['predicted_best_bucket_mb_with_launch_cost']:.1f} MiB "
+                         f"(exposed + launches {summary['predicted_best_cost_ms']:.2f} ms)")
+        sections.append(("Overhead model: t = t_local + exposed(buckets) + n_buckets x h + c", "\n".join(lines)))
     elif "error" in model:
         sections.append(("Overhead model", f"not fitted: {model['error']}"))
     goals = [f"- {k}: {v}" for k, v in summary.items()]
