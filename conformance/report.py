@@ -2,17 +2,23 @@
 
 Statuses, per capability:
     conforms      every check that ran passed (at least one ran)
-    FAILS         at least one check failed; the shrunk counterexample and the replay line follow
+    FAILS         at least one check failed, or never reported an outcome (its worker crashed,
+                  the run stopped); the shrunk counterexample and the replay line follow
     not offered   the target's factory is missing or raises NotImplementedError
     not run here  every check was skipped for this machine (needs a GPU, needs N ranks, ...)
 
-A skipped check is never counted as passed.  ``--conformance-report PATH`` also writes
-the report as JSON (``PATH.json`` or a PATH ending in .json) and Markdown (``PATH.md``),
-for CI artifacts.
+A skipped check is never counted as passed, nor is one that never ran: the tests
+collected are compared with the outcomes reported, and an outcome without a capability
+label (xdist's report for a crashed worker) is attributed from its node id.
+``--conformance-report PATH`` also writes the report as JSON (``PATH.json`` or a PATH
+ending in .json) and Markdown (``PATH.md``), for CI artifacts.
 
 Checks are mapped to capabilities by the ``capability`` marker when a test carries one,
-otherwise by the rules in ``capability_of`` (test file, the attention flavour and the law
-name).  Tests that check the suite itself (mutants, harness) are listed as "suite".
+otherwise by the rules in ``capability_of_nodeid`` (test file, test name, and the
+parametrization id: the attention flavour and law, the DDP flavour).  Under xdist the
+controller sees only node ids, so a marked test that crashes its worker is attributed by
+its id.  Tests that check the suite itself (mutants, harness, this report) are listed as
+"suite".
 """
 
 from __future__ import annotations
@@ -36,12 +42,13 @@ class CapabilityResult:
     failed: int = 0
     not_offered: int = 0
     skipped: int = 0
+    unreported: int = 0  # collected but never reported: a crashed worker, a stopped run
     skip_reasons: list = field(default_factory=list)
     failures: list = field(default_factory=list)  # {"test", "message", "counterexample", "replay"}
 
     @property
     def status(self) -> str:
-        if self.failed:
+        if self.failed or self.unreported:
             return "FAILS"
         if self.passed:
             return "conforms"
@@ -51,7 +58,8 @@ class CapabilityResult:
 
     def why(self) -> str:
         if self.status == "FAILS":
-            return f"{self.failed} failed, {self.passed} passed"
+            never = f", {self.unreported} never reported" if self.unreported else ""
+            return f"{self.failed} failed, {self.passed} passed{never}"
         if self.status == "conforms":
             extra = f", {self.skipped + self.not_offered} skipped" if self.skipped + self.not_offered else ""
             return f"{self.passed} passed{extra}"
@@ -60,17 +68,40 @@ class CapabilityResult:
 
 
 def capability_of(item) -> str:
+    """The ``capability`` marker when the test carries one, else the rules of ``capability_of_nodeid``."""
     marker = item.get_closest_marker("capability")
     if marker and marker.args:
         return str(marker.args[0])
-    path = item.nodeid.split("::")[0]
-    name = item.nodeid.split("::")[-1]
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if "mutant" in path or "test_harness" in path or path.startswith("perf/"):
-        return "suite: " + os.path.basename(path).removesuffix(".py").removeprefix("test_")
+    return capability_of_nodeid(item.nodeid)
+
+
+# A parametrized id that starts with an attention or DDP flavour names it (``pytorch-<law>``,
+# ``individual-<case>``, ``impl-naive``); see conformance/ddp_flavours.py for the DDP names.
+_ATTENTION_FLAVOUR = re.compile(r"(pytorch|triton)(?:-|$)")
+_DDP_FLAVOUR = re.compile(r"(individual|bucketed|ddp2026|impl-[A-Za-z0-9_]+)(?:-|$)")
+
+
+def capability_of_nodeid(nodeid: str) -> str:
+    """The capability a test belongs to, from its node id alone.
+
+    The id is all the xdist controller knows of a test whose worker crashed, so the rules
+    read only the file, the test function's name and the parametrization id
+    (``path::test_name[flavour-law]``): every test, crashed or not, is attributed alike.
+    """
+    path, _, rest = nodeid.partition("::")
+    name = rest.split("::")[-1]
+    func, _, ids = name.partition("[")
+    ids = ids.removesuffix("]")
+    base = os.path.basename(path).removesuffix(".py")
+    if "mutant" in path or base in ("test_harness", "test_report") or path.startswith("perf/"):
+        return "suite: " + base.removeprefix("test_")
     if "attention" in path or "triton" in path:
-        flavour = params.get("flavour", "triton" if "triton" in name else "pytorch")
-        law = getattr(params.get("law"), "name", "") or getattr(params.get("check"), "__name__", "") or name
+        m = _ATTENTION_FLAVOUR.match(ids)
+        if m:
+            flavour, law = m.group(1), ids[m.end():]
+        else:
+            flavour, law = ("triton" if "triton" in func or "triton" in base else "pytorch"), ids
+        law = law or func
         if "causal" in law and "non" not in law:
             part = "causal"
         elif any(word in law for word in BACKWARD_LAWS):
@@ -81,12 +112,11 @@ def capability_of(item) -> str:
     if "sharded_optimizer" in path or "zero" in path:
         return "sharded optimizer"
     if "ddp" in path:
-        flavour = params.get("flavour") or params.get("wrapper") or params.get("ddp_flavour")
-        flavour = getattr(flavour, "name", flavour)
-        return f"DDP {flavour}" if flavour else "DDP"
+        m = _DDP_FLAVOUR.match(ids)
+        return f"DDP {m.group(1)}" if m else "DDP"
     if "fsdp" in path:
         return "FSDP"
-    return "other: " + os.path.basename(path).removesuffix(".py")
+    return "other: " + base
 
 
 _REPLAY = re.compile(r"(@reproduce_failure\([^)]*\))")
@@ -102,26 +132,58 @@ def _counterexample(text: str) -> str:
     return " ".join(dict.fromkeys(lines))[:600]
 
 
+NEVER_REPORTED = "never reported: the run ended before this check finished (a crashed worker or a stopped run)"
+
+
 class ConformanceReport:
+    """Collects the outcome of every collected test by capability (in the controller).
+
+    Every outcome counts, labelled or not: the report xdist makes for a crashed worker
+    carries no capability label, so its capability comes from the node id.  The tests
+    collected are compared with the tests that reported an outcome; one that never did
+    fails its capability ("never reported"), since a check that did not run has not passed.
+    """
+
     def __init__(self, config):
         self.config = config
         self.results: "OrderedDict[str, CapabilityResult]" = OrderedDict()
+        self.collected: "OrderedDict[str, str]" = OrderedDict()  # node id -> capability
+        self.reported: set = set()  # node ids with an outcome (passed, failed or skipped)
 
     def _result(self, capability):
         if capability not in self.results:
             self.results[capability] = CapabilityResult(capability)
         return self.results[capability]
 
+    def _capability(self, report) -> str:
+        return (
+            dict(report.user_properties).get("capability")
+            or self.collected.get(report.nodeid)
+            or capability_of_nodeid(report.nodeid)
+        )
+
+    # -- what was collected: here without xdist, from each worker with it ---------------
+
+    def pytest_collection_finish(self, session):
+        for item in session.items:
+            self.collected.setdefault(item.nodeid, capability_of(item))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        for nodeid in ids:
+            self.collected.setdefault(nodeid, capability_of_nodeid(nodeid))
+
     def pytest_runtest_logreport(self, report):
-        cap = dict(report.user_properties).get("capability")
-        if cap is None:
-            return
-        res = self._result(cap)
+        if report.when == "call" or report.failed or report.skipped:
+            self.reported.add(report.nodeid)  # a failed setup/teardown or a crash ("???") counts too
+        res = self._result(self._capability(report))
         if report.when == "call" and report.passed:
             res.passed += 1
         elif report.failed:
             text = report.longreprtext or ""
-            first = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("E ")), "")
+            # xdist heads a worker's report with "[gw0] linux -- Python ..."; the cause follows
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not re.match(r"\[gw\d+\] ", ln)]
+            first = next((ln for ln in lines if ln.startswith("E ")), lines[0] if lines else "")
             replay = _REPLAY.search(text)
             seed = _SEED.search(text)
             res.failed += 1
@@ -142,6 +204,16 @@ class ConformanceReport:
                 res.skipped += 1
             res.skip_reasons.append(reason)
 
+    def count_unreported(self):
+        """Fail, by capability, every collected test that never reported an outcome (once)."""
+        for nodeid, cap in self.collected.items():
+            if nodeid in self.reported:
+                continue
+            self.reported.add(nodeid)
+            res = self._result(cap)
+            res.unreported += 1
+            res.failures.append({"test": nodeid, "message": NEVER_REPORTED, "counterexample": "", "replay": ""})
+
     # -- output ---------------------------------------------------------------------
 
     def rows(self):
@@ -155,12 +227,13 @@ class ConformanceReport:
         try:
             from conformance.target import load_target
 
-            return getattr(load_target(self.config.getoption("--target")).obj, "NOTE", None)
+            return getattr(load_target(self.config.getoption("--target", None)).obj, "NOTE", None)
         except Exception:  # noqa: BLE001 - the report never fails a run
             return None
 
     def as_markdown(self) -> str:
-        target = self.config.getoption("--target") or "impl"
+        self.count_unreported()
+        target = self.config.getoption("--target", None) or "impl"
         out = [f"# Conformance report: target `{target}`", ""]
         if self.target_note():
             out += [f"Note: {self.target_note()}", ""]
@@ -180,18 +253,24 @@ class ConformanceReport:
         return "\n".join(out) + "\n"
 
     def as_json(self) -> dict:
+        self.count_unreported()
         return {
-            "target": self.config.getoption("--target") or "impl",
+            "target": self.config.getoption("--target", None) or "impl",
             "note": self.target_note(),
+            "collected": len(self.collected),
+            "never_reported": sum(r.unreported for r in self.rows()),
             "capabilities": [dict(asdict(r), status=r.status, detail=r.why()) for r in self.rows()],
         }
 
     def pytest_terminal_summary(self, terminalreporter):
+        if self.config.option.collectonly:
+            return
+        self.count_unreported()
         if not self.results:
             return
         tr = terminalreporter
         tr.section("conformance report")
-        target = self.config.getoption("--target") or "impl"
+        target = self.config.getoption("--target", None) or "impl"
         tr.write_line(f"target: {target}")
         note = self.target_note()
         if note:
@@ -202,6 +281,14 @@ class ConformanceReport:
             tr.write(f"  {r.capability:<{width}}  ")
             tr.write(f"{r.status:<13}", **markup)
             tr.write_line(f"  {r.why()}")
+        unreported = sum(r.unreported for r in self.rows())
+        if unreported:
+            tr.write_line(
+                f"  {unreported} of {len(self.collected)} collected checks never reported an outcome "
+                "(a crashed worker or a stopped run); their capabilities read FAILS",
+                red=True,
+                bold=True,
+            )
         for r in self.rows():
             for f in r.failures[:3]:
                 tr.write_line(f"  FAIL {r.capability}: {f['message']}")

@@ -1,0 +1,143 @@
+"""The conformance report never says "conforms" for a check that did not run.
+
+Two ways a check can fail to run without a failing outcome of its own: its xdist worker
+crashes (the Triton interpreter segfaulting), or the run stops before it (workers not
+replaced, ``-x``).  xdist's report for a crashed worker carries no capability label, and
+a test that never ran sends no report at all.  Both must read FAILS.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from conformance.report import NEVER_REPORTED, ConformanceReport, capability_of_nodeid
+
+pytest_plugins = ["pytester"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CAUSAL = [f"properties/test_attention.py::test_attention_law[triton-causal_{x}]" for x in "abc"]
+
+
+def _report(nodeid, outcome, when="call", labelled=True, longrepr=None):
+    props = [("capability", capability_of_nodeid(nodeid))] if labelled else []
+    return pytest.TestReport(nodeid, (nodeid, None, nodeid), {}, outcome, longrepr, when, user_properties=props)
+
+
+def _controller():
+    config = SimpleNamespace(getoption=lambda name, default=None: default, option=SimpleNamespace(collectonly=False))
+    return ConformanceReport(config)
+
+
+def _row(report, capability):
+    return next(r for r in report.as_json()["capabilities"] if r["capability"] == capability)
+
+
+@pytest.mark.parametrize(
+    "nodeid, capability",
+    [
+        ("properties/test_attention.py::test_attention_law[triton-causal_output_ignores_future_keys]", "attention triton causal"),
+        ("properties/test_attention.py::test_attention_law[pytorch-float64_gradcheck]", "attention pytorch backward"),
+        ("conformance/test_attention_spec.py::test_cs336_contract[pytorch-cs336_noncausal_forward_backward]", "attention pytorch backward"),
+        ("conformance/test_report.py::test_a_node_id_alone_names_its_capability", "suite: report"),
+        ("properties/test_triton_configs.py::test_every_config_computes_the_same_attention", "attention triton forward"),
+        ("properties/test_ddp.py::test_buckets_partition_x[impl-naive]", "DDP impl-naive"),
+        ("conformance/test_ddp_spec.py::test_spec_case[bucketed-toy_training]", "DDP bucketed"),
+        ("conformance/test_ddp_spec.py::test_impl_bucketed_rejects_a_bad_bucket_size[0-ValueError-positive]", "DDP"),
+        ("properties/test_sharded_optimizer.py::test_sharded_optimizer_law[per_rank_state_dict_round_trips]", "sharded optimizer"),
+    ],
+)
+def test_a_node_id_alone_names_its_capability(nodeid, capability):
+    assert capability_of_nodeid(nodeid) == capability
+
+
+def test_a_crashed_worker_report_without_a_label_fails_its_capability():
+    report = _controller()
+    report.pytest_xdist_node_collection_finished(node=None, ids=CAUSAL[:2])
+    report.pytest_runtest_logreport(_report(CAUSAL[0], "passed"))
+    crash = f"worker 'gw0' crashed while running {CAUSAL[1]!r}"
+    report.pytest_runtest_logreport(_report(CAUSAL[1], "failed", when="???", labelled=False, longrepr=crash))
+    row = _row(report, "attention triton causal")
+    assert row["status"] == "FAILS", row
+    assert row["failed"] == 1 and row["passed"] == 1
+    assert "crashed" in row["failures"][0]["message"]
+
+
+def test_a_collected_check_that_never_reported_fails_its_capability():
+    report = _controller()
+    report.pytest_xdist_node_collection_finished(node=None, ids=CAUSAL)
+    for nodeid in CAUSAL[:2]:
+        report.pytest_runtest_logreport(_report(nodeid, "passed"))
+    out = report.as_json()
+    row = _row(report, "attention triton causal")
+    assert row["status"] == "FAILS" and row["unreported"] == 1, row
+    assert "never reported" in row["detail"]
+    assert row["failures"] == [{"test": CAUSAL[2], "message": NEVER_REPORTED, "counterexample": "", "replay": ""}]
+    assert out["collected"] == 3 and out["never_reported"] == 1
+    report.as_json()  # counting again does not count twice
+    assert _row(report, "attention triton causal")["unreported"] == 1
+
+
+def test_a_capability_whose_checks_all_reported_still_conforms():
+    report = _controller()
+    report.pytest_xdist_node_collection_finished(node=None, ids=CAUSAL)
+    for nodeid in CAUSAL:
+        report.pytest_runtest_logreport(_report(nodeid, "passed"))
+    assert _row(report, "attention triton causal")["status"] == "conforms"
+
+
+INNER = """
+    import os
+    import pytest
+
+    @pytest.mark.parametrize("law", ["causal_a", "causal_b", "causal_c"])
+    @pytest.mark.parametrize("flavour", ["triton"])
+    def test_law(flavour, law):
+        if law == "causal_b":
+            os._exit(1)  # the worker dies mid-test, as when the Triton interpreter segfaults
+"""
+
+
+def test_a_run_whose_worker_crashes_reports_fails_not_conforms(pytester, monkeypatch):
+    """End to end under xdist: one check passes, one crashes its worker, one never runs."""
+    pytester.makepyfile(test_attention_inner=textwrap.dedent(INNER))
+    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = pytester.runpytest_subprocess(
+        "-p", "conformance.report", "-p", "xdist", "-n", "1", "--max-worker-restart=0", "-p", "no:cacheprovider",
+    )
+    out = result.stdout.str()
+    line = next((ln for ln in out.splitlines() if "attention triton causal" in ln and "FAIL " not in ln), "")
+    assert "FAILS" in line and "1 failed, 1 passed, 1 never reported" in line, out[-3000:]
+    assert "conforms" not in line
+    assert "1 of 3 collected checks never reported" in out, out[-3000:]
+    assert "FAIL attention triton causal: worker 'gw0' crashed while running" in out, out[-3000:]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="os._exit semantics")
+def test_a_run_stopped_early_reports_the_checks_it_never_ran(pytester, monkeypatch):
+    """Without xdist: -x stops at the first failure; the checks after it are not conforming."""
+    pytester.makepyfile(
+        test_attention_inner=textwrap.dedent(
+            """
+            import pytest
+
+            def test_pytorch_forward_fails():
+                assert False
+
+            @pytest.mark.parametrize("law", ["causal_a", "causal_b"])
+            @pytest.mark.parametrize("flavour", ["triton"])
+            def test_law(flavour, law):
+                pass
+            """
+        )
+    )
+    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = pytester.runpytest_subprocess("-p", "conformance.report", "-x", "-p", "no:cacheprovider", "-p", "no:xdist")
+    out = result.stdout.str()
+    line = next((ln for ln in out.splitlines() if "attention triton causal" in ln and "FAIL " not in ln), "")
+    assert "FAILS" in line and "2 never reported" in line, out[-3000:]
