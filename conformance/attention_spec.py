@@ -1,15 +1,26 @@
 """Fixed spec cases for attention, in our own words.
 
-Two tiers:
+Two tiers, each by flavour (``CS336[flavour]``, ``API[flavour]``):
 
 - ``CS336``: the contract of CS336 assignment 2's FlashAttention adapters, which every
   student implementation must meet: ``apply(q, k, v, is_causal=False)`` on (B, N, d)
   inputs returns O; exactly one tensor of shape ``q.shape[:-1]`` (the logsumexp L) is saved
-  for backward; ``is_causal`` defaults to False; forward and backward match the reference
-  at B=4, N=128, d=64 in both causal modes.
+  for backward; ``is_causal`` is optional and defaults to False; forward and backward
+  match the reference at B=4, N=128, d=64 without masking, and for the Triton flavour
+  with causal masking too.
 - ``API``: the wider contract this project's ``impl`` offers: (B, H, N, d) inputs,
   N_q != N_k, head dims 16..128 and odd ones up to 256, non-contiguous inputs, an
-  explicit softmax scale, and clear errors for bad input.
+  explicit softmax scale, and clear errors for bad input; and causal masking in the
+  PyTorch flavour.
+
+Causal masking and the PyTorch flavour: the handouts (spring 2025 and 2026, section
+FlashAttention-2, part (a)) give the PyTorch flavour the interface
+``forward(ctx, Q, K, V, is_causal=False)`` but say "You can ignore the is_causal flag for
+this task"; only part (c) asks for the causal flag, of the Triton kernel.  So for the
+PyTorch flavour the CS336 tier checks only that the flag is accepted and off by default
+(``is_causal_is_optional_and_off_by_default``), and the checks that need it honoured
+(``is_causal_defaults_to_false``: the default differs from the causal result;
+``cs336_causal_forward_backward``) are API tier.
 
 Each check is ``check(attn, device)`` and raises AssertionError on a violation.
 """
@@ -50,7 +61,14 @@ def saves_one_logsumexp_of_query_shape(attn, device):
         raise AssertionError("the saved logsumexp has non-finite entries")
 
 
+def is_causal_is_optional_and_off_by_default(attn, device):
+    """apply(q, k, v) is accepted and equals apply(q, k, v, False) bit for bit."""
+    (q, k, v, _), _ = _case(n_q=64, n_k=64).make(device)
+    oracle.assert_bitwise_equal("apply(q, k, v) vs apply(q, k, v, False)", attn.apply(q, k, v), attn.apply(q, k, v, False))
+
+
 def is_causal_defaults_to_false(attn, device):
+    """As above, and the default is not the causal result (so the flag is honoured)."""
     (q, k, v, _), _ = _case(n_q=64, n_k=64).make(device)
     default = attn.apply(q, k, v)
     explicit = attn.apply(q, k, v, False)
@@ -72,7 +90,12 @@ def cs336_causal_forward_backward(attn, device):
     gradients_match_float64_reference(attn, _case(causal=True, seed=4), device)
 
 
-CS336 = (saves_one_logsumexp_of_query_shape, is_causal_defaults_to_false, cs336_noncausal_forward_backward, cs336_causal_forward_backward)
+# The PyTorch flavour may ignore is_causal (see the module docstring).
+CS336 = {
+    "pytorch": (saves_one_logsumexp_of_query_shape, is_causal_is_optional_and_off_by_default, cs336_noncausal_forward_backward),
+    "triton": (saves_one_logsumexp_of_query_shape, is_causal_defaults_to_false, cs336_noncausal_forward_backward,
+               cs336_causal_forward_backward),
+}
 
 
 # --- API tier -------------------------------------------------------------------------
@@ -188,7 +211,11 @@ def cpu_tensor_to_triton_without_interpreter(target_spec: str):
         raise AssertionError(f"CPU tensor to the Triton path without the interpreter: {last}")
 
 
-API = (four_dim_inputs, unequal_query_and_key_lengths, standard_head_dims, odd_head_dims, noncontiguous_inputs,
-       explicit_softmax_scale, bad_input_errors, different_devices_error)
+_API_BOTH = (four_dim_inputs, unequal_query_and_key_lengths, standard_head_dims, odd_head_dims, noncontiguous_inputs,
+             explicit_softmax_scale, bad_input_errors, different_devices_error)
+API = {
+    "pytorch": (is_causal_defaults_to_false, cs336_causal_forward_backward) + _API_BOTH,
+    "triton": _API_BOTH,
+}
 
-SPEC_CHECKS = {f.__name__: f for f in CS336 + API}
+SPEC_CHECKS = {f.__name__: f for tier in (CS336, API) for checks in tier.values() for f in checks}
