@@ -12,7 +12,9 @@ Options
                           (Hypothesis's own option) example budgets; default ``dev``.
 
 A check whose target does not offer the capability is skipped with a reason starting
-"not offered:"; one that needs hardware this run lacks is skipped with "needs ...".
+"not offered:"; one that needs hardware this run lacks is skipped with "needs ...",
+including a target that refuses CPU tensors when no GPU is visible
+(``conformance.needs_gpu``).
 Neither is ever reported as passed.
 """
 
@@ -55,6 +57,7 @@ from hypothesis import settings  # noqa: E402
 from conformance import profiles  # noqa: E402,F401  (registers the profiles)
 from conformance.target import NotOffered, load_target  # noqa: E402
 from conformance.harness import NotEnoughDevices  # noqa: E402
+from conformance.needs_gpu import gpu_refusal  # noqa: E402
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
@@ -116,6 +119,11 @@ def pytest_pyfunc_call(pyfuncitem):
         pytest.skip(f"not offered: {exc}")
     except NotEnoughDevices as exc:  # message starts "needs N GPUs"
         pytest.skip(str(exc))
+    except Exception as exc:  # a CUDA-only target on a machine without a GPU did not run
+        reason = gpu_refusal(exc)
+        if reason is None:
+            raise
+        pytest.skip(reason)
 
 
 @pytest.hookimpl(wrapper=True)
