@@ -13,8 +13,9 @@ Options
 
 A check whose target does not offer the capability is skipped with a reason starting
 "not offered:"; one that needs hardware this run lacks is skipped with "needs ...",
-including a target that refuses CPU tensors when no GPU is visible
-(``conformance.needs_gpu``).
+including a target that refuses CPU tensors when no GPU is visible; a
+NotImplementedError from the target's own code (an unwritten backward) is "not offered"
+too (``conformance.refusals``).
 Neither is ever reported as passed.
 """
 
@@ -57,7 +58,7 @@ from hypothesis import settings  # noqa: E402
 from conformance import profiles  # noqa: E402,F401  (registers the profiles)
 from conformance.target import NotOffered, load_target  # noqa: E402
 from conformance.harness import NotEnoughDevices  # noqa: E402
-from conformance.needs_gpu import gpu_refusal  # noqa: E402
+from conformance.refusals import gpu_refusal, not_implemented_refusal  # noqa: E402
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
@@ -119,8 +120,8 @@ def pytest_pyfunc_call(pyfuncitem):
         pytest.skip(f"not offered: {exc}")
     except NotEnoughDevices as exc:  # message starts "needs N GPUs"
         pytest.skip(str(exc))
-    except Exception as exc:  # a CUDA-only target on a machine without a GPU did not run
-        reason = gpu_refusal(exc)
+    except Exception as exc:  # a CUDA-only target without a GPU; an unwritten backward
+        reason = gpu_refusal(exc) or not_implemented_refusal(exc)
         if reason is None:
             raise
         pytest.skip(reason)

@@ -93,7 +93,7 @@ def capability_of_nodeid(nodeid: str) -> str:
     func, _, ids = name.partition("[")
     ids = ids.removesuffix("]")
     base = os.path.basename(path).removesuffix(".py")
-    if "mutant" in path or base in ("test_harness", "test_report", "test_needs_gpu") or path.startswith("perf/"):
+    if "mutant" in path or base in ("test_harness", "test_report", "test_refusals") or path.startswith("perf/"):
         return "suite: " + base.removeprefix("test_")
     if "attention" in path or "triton" in path:
         m = _ATTENTION_FLAVOUR.match(ids)

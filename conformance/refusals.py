@@ -1,5 +1,11 @@
-"""Tell "the target needs a GPU" apart from "the target is wrong", on a machine without one.
+"""Errors that mean a check could not run on this target, not that the target is wrong.
 
+``gpu_refusal(exc)``: "needs a GPU: ..." (the check did not run here).
+``not_implemented_refusal(exc)``: "not offered: ..." (the target has not written this part).
+conftest turns either into a skip with that reason; every other error fails the check.
+
+Needs a GPU.  Tell "the target needs a GPU" apart from "the target is wrong", on a
+machine without one.
 A CS336 Triton flavour may accept CUDA tensors only (``assert q.is_cuda``, or a
 ValueError "requires CUDA tensors"): the handout runs it on a GPU.  On a CPU-only machine
 such a check did not run; it did not fail.  ``gpu_refusal(exc)`` returns the skip reason
@@ -14,6 +20,17 @@ such a check did not run; it did not fail.  ``gpu_refusal(exc)`` returns the ski
 
 An exception group counts only if every error in it is such a refusal.  A wrong answer
 raises the suite's own AssertionError, from the suite's code, and still fails.
+
+Not offered.  The handout lets an autograd.Function's backward "just raise
+NotImplementedError" until it is written; ``conformance.target`` already reads a factory
+raising NotImplementedError as "not offered".  ``not_implemented_refusal`` extends that to
+a NotImplementedError raised by the target's own code while a check runs (its
+``backward``, typically): a ``raise`` statement in the target's files, neither the
+suite's nor an installed package's (torch raises NotImplementedError for an operator a
+backend lacks, which is the target's failure, not an unwritten part; its C++ operators
+raise it from the calling line, which is not a ``raise``).  Only the error the
+check raised counts, not one the suite caught and wrapped: a bad-input check expects a
+ValueError, and a NotImplementedError there is an unclear error.
 """
 
 from __future__ import annotations
@@ -36,13 +53,18 @@ _SUITE_FILES = (os.path.join(_ROOT, "conftest.py"),)
 _NAMES_A_GPU = re.compile(r"cuda|\bgpus?\b", re.IGNORECASE)
 
 
+def _innermost(exc: BaseException):
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb
+
+
 def _raised_by_target(exc: BaseException) -> str | None:
     """The source line that raised ``exc`` if that line is the target's, else None."""
-    tb = exc.__traceback__
+    tb = _innermost(exc)
     if tb is None:
         return None
-    while tb.tb_next is not None:
-        tb = tb.tb_next
     path = os.path.abspath(tb.tb_frame.f_code.co_filename)
     in_suite = (path.startswith(_SUITE_DIRS) and not path.startswith(_TARGET_DIRS)) or path in _SUITE_FILES
     if in_suite:
@@ -69,3 +91,27 @@ def gpu_refusal(exc: BaseException) -> str | None:
         return reasons[0] if reasons and all(reasons) else None
     why = _refusal(exc, set())
     return f"needs a GPU: the target refuses CPU tensors ({why})" if why else None
+
+
+_INSTALLED = tuple(p for p in {os.path.dirname(os.path.dirname(torch.__file__))} if p)
+
+
+def not_implemented_refusal(exc: BaseException) -> str | None:
+    """"not offered: ..." when ``exc`` is a NotImplementedError raised by the target's own code."""
+    if isinstance(exc, BaseExceptionGroup):
+        reasons = [not_implemented_refusal(e) for e in exc.exceptions]
+        return reasons[0] if reasons and all(reasons) else None
+    if not isinstance(exc, NotImplementedError):
+        return None
+    line = _raised_by_target(exc)
+    if line is None or not line.startswith("raise"):  # torch's C++ operators raise it from the caller's line
+        return None
+    tb = _innermost(exc)
+    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    if path.startswith(_INSTALLED) or "site-packages" in path or "dist-packages" in path:
+        return None
+    name = tb.tb_frame.f_code.co_name
+    where = f"{os.path.basename(path)}:{tb.tb_lineno}"
+    part = "backward" if name == "backward" else f"{name}()"
+    detail = f": {exc}" if str(exc) else ""
+    return f"not offered: {part} raises NotImplementedError ({where}{detail})"

@@ -1,7 +1,10 @@
-"""A target that refuses CPU tensors is "not run here: needs a GPU" on a machine without one.
+"""Errors that mean "could not run here" or "not written yet", not "wrong".
 
-Only that situation: the same refusal with a GPU visible, an error about something else,
-and a wrong answer all still fail.  The targets are written to a temporary file, since
+A target that refuses CPU tensors is "not run here: needs a GPU" on a machine without
+one; only that situation: the same refusal with a GPU visible, an error about something
+else, and a wrong answer all still fail.  A NotImplementedError raised by the target's
+own backward (the handout's placeholder) is "not offered: backward"; one raised by torch,
+or one the suite caught where it expected a clear error, still fails.  The targets are written to a temporary file, since
 the rule looks at where the error was raised (the target's code, not the suite's).
 """
 
@@ -16,7 +19,7 @@ import pytest
 import torch
 
 from conformance import attention_spec as spec
-from conformance.needs_gpu import gpu_refusal
+from conformance.refusals import gpu_refusal, not_implemented_refusal
 from conformance.target import load_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +56,24 @@ TARGETS = """
         @staticmethod
         def apply(q, k, v, is_causal=False):
             return _FLASH.apply(q, k, v, is_causal) * 1.01
+
+
+    class NoBackward(_FLASH):
+        @staticmethod
+        def backward(ctx, grad_o, *rest):
+            raise NotImplementedError
+
+
+    class NoForward:
+        @staticmethod
+        def apply(q, k, v, is_causal=False):
+            raise NotImplementedError("forward comes next week")
+
+
+    class TorchLacksAnOperator:
+        @staticmethod
+        def apply(q, k, v, is_causal=False):
+            return q.to_sparse().view(-1)  # torch: NotImplementedError for sparse tensors
 
 
     def get_flashattention_autograd_function_triton():
@@ -106,3 +127,42 @@ def test_a_cuda_only_triton_flavour_is_reported_not_run_here(targets, tmp_path):
     ).stdout
     row = next((ln for ln in out.splitlines() if ln.strip().startswith("attention triton backward")), "")
     assert "not run here" in row and "needs a GPU: the target refuses CPU tensors" in row, out[-2000:]
+
+
+def test_an_unwritten_backward_is_not_offered(targets):
+    reason = not_implemented_refusal(_error(spec.cs336_noncausal_forward_backward, targets.obj.NoBackward))
+    assert reason is not None and reason.startswith("not offered: backward raises NotImplementedError"), reason
+    assert "cuda_only_adapters.py" in reason
+
+
+def test_an_unwritten_forward_is_not_offered(targets):
+    reason = not_implemented_refusal(_error(spec.cs336_noncausal_forward_backward, targets.obj.NoForward))
+    assert reason is not None and reason.startswith("not offered: apply() raises NotImplementedError"), reason
+    assert "forward comes next week" in reason
+
+
+def test_a_not_implemented_error_from_torch_or_caught_by_the_suite_still_fails(targets):
+    torch_error = _error(spec.cs336_noncausal_forward_backward, targets.obj.TorchLacksAnOperator)
+    assert isinstance(torch_error, NotImplementedError) and not_implemented_refusal(torch_error) is None
+    wrapped = _error(spec.bad_input_errors, targets.obj.NoForward)  # expects ValueError/TypeError
+    assert isinstance(wrapped, AssertionError) and not_implemented_refusal(wrapped) is None
+    assert not_implemented_refusal(_error(spec.cs336_noncausal_forward_backward, targets.obj.WrongAnswer)) is None
+
+
+def test_an_unwritten_backward_is_reported_not_offered(targets, tmp_path):
+    """End to end: through conftest, the backward row reads "not offered", not FAILS."""
+    adapters = tmp_path / "no_backward_adapters.py"
+    adapters.write_text(
+        f"import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('cuda_only_adapters', {targets.spec!r})\n"
+        f"mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+        f"def get_flashattention_autograd_function_pytorch():\n    return mod.NoBackward\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance/test_attention_spec.py", "--target", str(adapters),
+         "-k", "pytorch and cs336_noncausal", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-rs"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    ).stdout
+    row = next((ln for ln in out.splitlines() if ln.strip().startswith("attention pytorch backward")), "")
+    assert "not offered" in row and "backward raises NotImplementedError" in row, out[-2000:]
