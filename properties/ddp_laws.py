@@ -394,7 +394,37 @@ def layout_on_rank(ctx, target_spec: str, flavour: str, spec: ModelSpec, bucket_
     if buckets is None:
         return _not_offered(NotOffered(f"the {flavour} wrapper ({type(wrapped).__name__}) does not expose .buckets"))
     params = [(n, p.requires_grad, p.numel() * p.element_size()) for n, p in model.named_parameters()]
-    return {"buckets": [list(b) for b in buckets], "params": params}
+    try:
+        layout = readable_layout(buckets, model)
+    except TypeError as exc:  # CS336 defines no bucket introspection: another shape is not a wrong one
+        return _not_offered(NotOffered(f"bucket layout: the {flavour} wrapper's .buckets {exc}"))
+    return {"buckets": layout, "params": params}
+
+
+def readable_layout(buckets, model) -> list[list]:
+    """``.buckets`` as lists of parameter names or indices; a parameter object becomes its name.
+
+    TypeError when the buckets cannot be read that way (a bucket that is not iterable, an
+    entry that is neither a name, an index nor one of the module's parameters).
+    """
+    names = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), name)
+    layout = []
+    for bucket in buckets:
+        try:
+            entries = list(bucket)
+        except TypeError:
+            raise TypeError(f"holds {type(bucket).__name__} objects, not lists of parameter names or parameters") from None
+        for i, e in enumerate(entries):
+            if isinstance(e, torch.Tensor):
+                if id(e) not in names:
+                    raise TypeError(f"holds a tensor of shape {tuple(e.shape)} that is not one of the module's parameters")
+                entries[i] = names[id(e)]
+            elif not isinstance(e, (str, int)):
+                raise TypeError(f"holds {type(e).__name__} entries, not parameter names, indices or parameters")
+        layout.append(entries)
+    return layout
 
 
 # =======================================================================================
