@@ -225,7 +225,7 @@ def attention_magnitudes(q, k, v, grad_o, is_causal: bool, scale: float, dtype=N
     eps32 (|S| + |L|): P' = P (1 + (eps32 / eps) (|S| + |L|)) folds that in, expressed in
     units of the tested dtype's eps (``dtype``, default float32).
     """
-    from impl.attention_reference import attention_scores, causal_mask
+    from impl.attention.reference import attention_scores, causal_mask
 
     q, k, v, do = (t.detach().to(torch.float64) for t in (q, k, v, grad_o))  # on their device (GPU float64 is fast)
     s = attention_scores(q, k, is_causal, scale)
@@ -250,8 +250,8 @@ def attention_magnitudes(q, k, v, grad_o, is_causal: bool, scale: float, dtype=N
 def _calibrate() -> None:  # pragma: no cover - a measurement script, not a test
     """Print how close the tiled PyTorch FA2 comes to the bound: max over elements of
     (|err| - floor) / eager error.  FACTOR must sit well above what correct code reaches."""
-    from impl.attention_reference import attention_reference, default_scale
-    from impl.flash_pytorch import FlashAttentionPytorch
+    from impl.attention.reference import attention_reference, default_scale
+    from impl.attention.flash_pytorch import FlashAttentionPytorch
 
     g = torch.Generator().manual_seed(0)
     worst: dict[str, float] = {}

@@ -3,11 +3,11 @@
 The functions below carry the CS336 assignment 2 adapter names (2025 and 2026 releases),
 so ``impl`` is the default target of every check.  Modules:
 
-    attention_reference   eager attention, the reference every attention check uses
-    flash_pytorch         FlashAttention-2 forward and backward in PyTorch tiles
-    flash_triton          FlashAttention-2 forward and backward in Triton kernels
-    ddp                   data-parallel wrappers: naive, flat, overlapped, bucketed
-    sharded_optimizer     optimizer-state sharding (ZeRO-1)
+    attention   eager reference, FlashAttention-2 in PyTorch tiles and in Triton
+    ddp         data-parallel wrappers: naive, flat, overlapped, bucketed
+    zero        optimizer-state sharding (ZeRO-1)
+
+Every package knows nothing of the suite: it imports torch, triton and itself only.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 
 def get_flashattention_autograd_function_pytorch():
-    from .flash_pytorch import FlashAttentionPytorch
+    from .attention.flash_pytorch import FlashAttentionPytorch
 
     return FlashAttentionPytorch
 
 
 def get_flashattention_autograd_function_triton():
-    from .flash_triton import FlashAttentionTriton
+    from .attention.flash_triton import FlashAttentionTriton
 
     return FlashAttentionTriton
 
@@ -84,6 +84,6 @@ def fsdp_gather_full_params(model):
 
 
 def get_sharded_optimizer(params, optimizer_cls, **kwargs):
-    from .sharded_optimizer import ShardedOptimizer
+    from .zero import ShardedOptimizer
 
     return ShardedOptimizer(params, optimizer_cls, **kwargs)

@@ -1,4 +1,4 @@
-"""GPU check of the Triton FlashAttention-2 (impl/flash_triton.py): compiles, is right, first timings.
+"""GPU check of the Triton FlashAttention-2 (impl/attention/flash_triton.py): compiles, is right, first timings.
 
     PYTHONUNBUFFERED=1 python3 perf/attention_gpu_check.py [--budget SECONDS] [--out DIR]
 
@@ -99,7 +99,7 @@ def _fwd_bwd(fn, q, k, v, do, causal, scale):
 
 
 def _triton_fn(fwd_cfg, bwd_cfg):
-    from impl import flash_triton as ft
+    from impl.attention import flash_triton as ft
 
     if fwd_cfg is None and bwd_cfg is None:
         return ft.FlashAttentionTriton.apply
@@ -122,7 +122,7 @@ def _triton_fn(fwd_cfg, bwd_cfg):
 
 def run_case(case) -> dict:
     from conformance import oracle
-    from impl.attention_reference import attention_reference, default_scale
+    from impl.attention.reference import attention_reference, default_scale
 
     batch, n_q, n_k, d, causal, dtype, layout, scale, cfg = case
     name = f"b={batch} nq={n_q} nk={n_k} d={d} causal={causal} {str(dtype)[6:]} {layout} scale={scale}" + (
@@ -165,7 +165,7 @@ def run_case(case) -> dict:
 
 def run_probe(probe) -> dict:
     """n_q = 1 under causal masking: P_00 = 1, so O_0 = V_0 and dV_0 = dO_0 exactly."""
-    from impl.flash_triton import FlashAttentionTriton
+    from impl.attention.flash_triton import FlashAttentionTriton
 
     dtype, d, n_k = probe
     name = f"probe {str(dtype)[6:]} d={d} n_k={n_k}"
@@ -204,7 +204,7 @@ def run_timing(deadline: float) -> dict:
     from triton.testing import do_bench
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from impl import flash_triton as ft
+    from impl.attention import flash_triton as ft
 
     b, h, n, d, dtype = 1, 16, 16384, 64, BF16
     results = {"shape": dict(B=b, H=h, N=n, d=d, dtype="bfloat16")}

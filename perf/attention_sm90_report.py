@@ -74,7 +74,7 @@ def compile_sm90(kernel, args: tuple, constexprs: dict, num_warps: int, num_stag
 
 def kernels_of(cand, anchor) -> dict:
     """name -> (kernel, args, constexprs, warps, stages, fusion) as the launcher would call them."""
-    from impl import flash_triton as ft
+    from impl.attention import flash_triton as ft
 
     b, h, n, d = anchor.batch, anchor.heads, anchor.n, anchor.d
     t = torch.empty(b, h, n, d, dtype=torch.bfloat16)

@@ -73,7 +73,7 @@ STEP_TIME_GOAL = 1.05  # ours <= 1.05 x AdamW
 
 
 def build_optimizer(variant: str, params):
-    from impl.sharded_optimizer import ShardedOptimizer
+    from impl.zero.optimizer import ShardedOptimizer
 
     if variant == "adamw":
         return torch.optim.AdamW(params, **ADAMW)

@@ -11,8 +11,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gate-demo}; mkdir -p "$OUT"
 export GATE_PYTEST_ARGS=${GATE_PYTEST_ARGS:--n 8 -k test_attention}  # the attention laws and spec; not the per-config compile sweep
-cp impl/flash_triton.py /tmp/flash_triton.orig.py
-restore() { cp /tmp/flash_triton.orig.py impl/flash_triton.py; }
+cp impl/attention/flash_triton.py /tmp/flash_triton.orig.py
+restore() { cp /tmp/flash_triton.orig.py impl/attention/flash_triton.py; }
 trap restore EXIT
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '_'))")
 rm -rf "perf/baselines/$GPU"
@@ -25,12 +25,12 @@ for i in 1 2 3; do
 done
 GATE_OUT=$OUT/3-real bash perf/gpu_gate.sh --profile ci > "$OUT/3-real.log" 2>&1; echo "3 real code, whole gate: exit $?"
 
-cat perf/planted/slow_tiles.py >> impl/flash_triton.py
+cat perf/planted/slow_tiles.py >> impl/attention/flash_triton.py
 GATE_STAGES=perf GATE_OUT=$OUT/4-slow bash perf/gpu_gate.sh > "$OUT/4-slow.log" 2>&1; echo "4 planted slow-down, perf stage: exit $?"
 restore
 
-before=$(grep -c 'offs_n\[None, :\] <= offs_m\[:, None\])' impl/flash_triton.py)
-sed -i 's/offs_n\[None, :\] <= offs_m\[:, None\])/offs_n[None, :] <= offs_m[:, None] + 1)/' impl/flash_triton.py
+before=$(grep -c 'offs_n\[None, :\] <= offs_m\[:, None\])' impl/attention/flash_triton.py)
+sed -i 's/offs_n\[None, :\] <= offs_m\[:, None\])/offs_n[None, :] <= offs_m[:, None] + 1)/' impl/attention/flash_triton.py
 echo "planted wrong result: $before causal mask comparisons changed"
 GATE_OUT=$OUT/5-wrong bash perf/gpu_gate.sh --profile ci > "$OUT/5-wrong.log" 2>&1; echo "5 planted wrong result, whole gate: exit $?"
 restore

@@ -52,15 +52,15 @@ def attention(q, k, v, backend: str):
     if backend == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if backend == "eager":
-        from impl.attention_reference import attention_reference
+        from impl.attention.reference import attention_reference
 
         return attention_reference(q, k, v, is_causal=True)[0]
     if backend == "triton":
-        from impl.flash_triton import FlashAttentionTriton
+        from impl.attention.flash_triton import FlashAttentionTriton
 
         return FlashAttentionTriton.apply(q, k, v, True)
     if backend == "pytorch":
-        from impl.flash_pytorch import FlashAttentionPytorch
+        from impl.attention.flash_pytorch import FlashAttentionPytorch
 
         return FlashAttentionPytorch.apply(q, k, v, True)
     raise ValueError(f"unknown attention backend {backend!r}; expected eager, sdpa, triton or pytorch")

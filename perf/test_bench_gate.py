@@ -22,7 +22,7 @@ def _sync(device):
 
 @pytest.mark.parametrize("passes", FLAVOURS)
 def test_gate_flash_triton(benchmark, device, passes):
-    from impl.flash_triton import FlashAttentionTriton
+    from impl.attention.flash_triton import FlashAttentionTriton
 
     if device.type == "cuda":
         shape, dtype, rounds, iterations = (1, 16, 16384, 64), torch.bfloat16, 20, 5

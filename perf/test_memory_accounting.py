@@ -57,7 +57,7 @@ def test_saved_activations_match_the_gpt_formula(cfg, batch, seq):
 
 
 def rank_sharded_adamw_state(ctx):
-    from impl.sharded_optimizer import ShardedOptimizer
+    from impl.zero.optimizer import ShardedOptimizer
 
     torch.manual_seed(0)
     model = make_gpt(SMALL_CONFIGS[1])

@@ -12,9 +12,9 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
-from impl.attention_reference import attention_reference
-from impl.flash_pytorch import FlashAttentionPytorch
-from impl.flash_triton import FlashAttentionTriton
+from impl.attention.reference import attention_reference
+from impl.attention.flash_pytorch import FlashAttentionPytorch
+from impl.attention.flash_triton import FlashAttentionTriton
 
 B, H, N, D = 1, 16, 16384, 64
 dev = torch.device("cuda")

@@ -1,4 +1,4 @@
-"""Tune the Triton FlashAttention-2 (impl/flash_triton.py) on one GPU: check each candidate, time it, compare.
+"""Tune the Triton FlashAttention-2 (impl/attention/flash_triton.py) on one GPU: check each candidate, time it, compare.
 
     PYTHONUNBUFFERED=1 python3 perf/tune_attention.py [--phase sweep|confirm] [--budget 380] [--out DIR]
     python3 perf/tune_attention.py --dry-run        # the same flow on the CPU interpreter, tiny shapes
@@ -122,7 +122,7 @@ def _bwd(anchor, group, dkdv, dq, lpt=True, tma=False, pre=128) -> Candidate:
 
 def default_candidates(anchors) -> list[Candidate]:
     """The tables' current entries, as candidates (the baseline every other is timed against)."""
-    from impl import flash_triton as ft
+    from impl.attention import flash_triton as ft
 
     out = []
     for name, a in anchors.items():
@@ -207,7 +207,7 @@ def _configs(cand: dict):
 
 
 def _ours(q, k, v, do, causal, fwd_cfg, bwd_cfg):
-    from impl import flash_triton as ft
+    from impl.attention import flash_triton as ft
 
     o, lse = ft.flash_forward(q, k, v, causal, config=fwd_cfg)
     dq, dk, dv = ft.flash_backward(q, k, v, o, lse, do, causal, config=bwd_cfg)
@@ -215,7 +215,7 @@ def _ours(q, k, v, do, causal, fwd_cfg, bwd_cfg):
 
 
 def _eager(q, k, v, do, causal):
-    from impl.attention_reference import attention_reference
+    from impl.attention.reference import attention_reference
 
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     o, lse = attention_reference(q, k, v, causal)
@@ -225,7 +225,7 @@ def _eager(q, k, v, do, causal):
 
 def check_one(cand: dict, dtype_name: str, causal: bool, n: int, d: int) -> dict:
     from conformance import oracle
-    from impl.attention_reference import default_scale
+    from impl.attention.reference import default_scale
 
     device, dtype = _device(), DTYPES[dtype_name]
     label = f"{dtype_name} {'causal' if causal else 'full'} N={n} d={d}"
@@ -331,7 +331,7 @@ def make_inputs(a: Anchor, n: int | None = None, seed: int = 0, grad=False):
 
 
 def time_candidate(cand: Candidate, a: Anchor, inputs, saved) -> float:
-    from impl import flash_triton as ft
+    from impl.attention import flash_triton as ft
 
     q, k, v, do = inputs
     cfg = cand.config_dict
@@ -349,7 +349,7 @@ def time_candidate(cand: Candidate, a: Anchor, inputs, saved) -> float:
 
 def configured_attention(fwd_cfg=None, bwd_cfg=None):
     """An autograd function running our kernels with the given configs (None: the defaults)."""
-    from impl import flash_triton as ft
+    from impl.attention import flash_triton as ft
 
     class Configured(torch.autograd.Function):
         @staticmethod
@@ -380,7 +380,7 @@ def sdpa(backend_name):
 
 
 def eager_attention(q, k, v, causal):
-    from impl.attention_reference import attention_reference
+    from impl.attention.reference import attention_reference
 
     return attention_reference(q, k, v, causal)[0]
 
@@ -461,7 +461,7 @@ def run_timing(cands, anchors, status, deadline, report) -> dict:
         inputs = make_inputs(a, seed=1)
         saved = None
         if any(c.kind == "bwd" for c in mine):
-            from impl import flash_triton as ft
+            from impl.attention import flash_triton as ft
 
             with torch.no_grad():
                 saved = ft.flash_forward(*inputs[:3], a.causal)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from conformance import oracle
 from conformance.strategies import AttentionCase, Budget, attention_cases, boundary_cases, budget_for, tiny_float64_cases
-from impl.attention_reference import attention_reference
+from impl.attention.reference import attention_reference
 
 
 # ---------------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def logsumexp_is_row_logsumexp_and_at_least_row_max(attn, case: AttentionCase, d
     o, lse = run_forward(attn, case, device)
     refs = references(case, device, with_grads=False)
     _, (q64, k64, _, _) = case.make(device, requires_grad=False)
-    from impl.attention_reference import attention_scores
+    from impl.attention.reference import attention_scores
 
     row_max = attention_scores(q64, k64, case.is_causal, case.scale).amax(dim=-1)
     slack = oracle.bound(refs.ref64["L"], refs.eager["L"], case.dtype, refs.magnitudes["L"])

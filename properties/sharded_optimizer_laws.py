@@ -14,7 +14,7 @@ gradients.  Gradients are random tensors drawn from (seed, step) and are the sam
 every rank (as after DDP's all-reduce), so the unsharded optimizer run on the same rank,
 on the same device, with the same kwargs is the exact reference: the sharded one must
 match it to the last bit (``foreach`` is drawn from None/False/True and passed to both
-sides, so both use the same implementation; see ``impl.sharded_optimizer``).  Where the
+sides, so both use the same implementation; see ``impl.zero.optimizer``).  Where the
 two sides differ in implementation (foreach vs single-tensor), the oracle judges
 instead, against a float64 run.
 

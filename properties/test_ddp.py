@@ -2,7 +2,7 @@
 
 Flavours: ``individual`` (2025 get_ddp_individual_parameters), ``bucketed`` (2025
 get_ddp_bucketed), ``ddp2026`` (get_ddp).  With the default target the project's own
-naive and flat wrappers are checked too (``impl.ddp_targets``).  The laws, the random
+naive and flat wrappers are checked too (``conformance.adapters.impl_ddp_wrappers``).  The laws, the random
 models and the oracle comparison are described in ``properties/ddp_laws.py``.
 
 Each example runs one case on a live pool of rank processes (gloo on the CPU, world
@@ -19,7 +19,7 @@ from properties import ddp_laws as laws
 pytestmark = pytest.mark.distributed
 
 # With the default target, impl's naive and flat wrappers are checked too (2026 names).
-OWN_WRAPPERS = {"impl-naive": "impl.ddp_targets:naive", "impl-flat": "impl.ddp_targets:flat"}
+OWN_WRAPPERS = {"impl-naive": "conformance.adapters.impl_ddp_wrappers:naive", "impl-flat": "conformance.adapters.impl_ddp_wrappers:flat"}
 
 
 @pytest.fixture(params=list(laws.FLAVOURS) + list(OWN_WRAPPERS))

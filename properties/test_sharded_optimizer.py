@@ -12,8 +12,8 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from conformance.profiles import examples
-from impl.param_sync import plan_rounds
-from impl.sharded_optimizer import assign_greedy
+from impl.zero.param_sync import plan_rounds
+from impl.zero.optimizer import assign_greedy
 from properties.sharded_optimizer_laws import LAWS, LAWS_BY_NAME, check_law
 
 pytestmark = pytest.mark.distributed
@@ -39,7 +39,7 @@ VARIANT_LAWS = (
 def test_impl_sync_variant_obeys_law(variant, law_name, device):
     """Both sync strategies, and the pipelined step with many small buckets, obey the laws
     (the default, allgather with one round for small models, runs in the test above)."""
-    check_law(LAWS_BY_NAME[law_name], f"impl.sharded_optimizer:variants.{variant}", device, max_examples=examples(6))
+    check_law(LAWS_BY_NAME[law_name], f"impl.zero.optimizer:variants.{variant}", device, max_examples=examples(6))
 
 
 # --- the owner assignment and the rounds (pure functions) --------------------------------
@@ -88,7 +88,7 @@ def test_rounds_cover_each_owned_parameter_once_in_order(sizes, world_size, buck
 
 def test_world_size_one_runs_without_a_process_group():
     """No torch.distributed initialised: the optimizer is a plain one over its params."""
-    from impl.sharded_optimizer import ShardedOptimizer
+    from impl.zero.optimizer import ShardedOptimizer
 
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5))]
@@ -121,7 +121,7 @@ def test_world_size_one_runs_without_a_process_group():
     ids=["empty list", "empty groups", "bare tensor", "optimizer instance", "unknown sync", "zero bucket", "bad optimizer kwarg"],
 )
 def test_bad_construction_is_a_clear_error(bad, error, words):
-    from impl.sharded_optimizer import ShardedOptimizer
+    from impl.zero.optimizer import ShardedOptimizer
 
     params, cls, kwargs = bad()
     with pytest.raises(error, match=words):
@@ -130,7 +130,7 @@ def test_bad_construction_is_a_clear_error(bad, error, words):
 
 def rank_disagreeing_input(ctx, what):
     """Rank 0 passes good parameters; the others pass bad or different ones."""
-    from impl.sharded_optimizer import ShardedOptimizer
+    from impl.zero.optimizer import ShardedOptimizer
 
     shape = (3, 4)
     device = ctx.device
@@ -164,7 +164,7 @@ def test_ranks_that_disagree_all_raise_instead_of_hanging(what, device):
 
 def rank_mixed_dtypes(ctx, sync):
     """Parameters of three dtypes (one flat byte buffer holds them all for allgather)."""
-    from impl.sharded_optimizer import ShardedOptimizer
+    from impl.zero.optimizer import ShardedOptimizer
 
     g = torch.Generator().manual_seed(7)
     shapes_dtypes = [((7, 3), torch.float32), ((5,), torch.float64), ((4, 4), torch.bfloat16), ((), torch.float32), ((9,), torch.float64)]

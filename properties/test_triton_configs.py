@@ -1,6 +1,6 @@
 """Every tile configuration and switch of our Triton FlashAttention computes the same function.
 
-The GPU defaults of ``impl.flash_triton`` are picked by speed (perf/tune_attention.py), so
+The GPU defaults of ``impl.attention.flash_triton`` are picked by speed (perf/tune_attention.py), so
 any config the table may hold must be as right as the others: tile shapes, the dQ kernel's
 own warps and stages, the longest-first program order under causal masking, and tiles
 loaded through tensor descriptors (TMA).  Drawn: an attention case (any layout, ragged
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from conformance import oracle
 from conformance.strategies import AttentionCase, attention_cases, budget_for
-from impl import flash_triton as ft
+from impl.attention import flash_triton as ft
 from properties.attention_laws import references
 
 BLOCKS = (16, 32, 64)

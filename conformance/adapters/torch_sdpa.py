@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from impl.attention_checks import validate_attention_inputs
-from impl.attention_reference import attention_scores
+from impl.attention.validation import validate_attention_inputs
+from impl.attention.reference import attention_scores
 
 NOTE = "L is not returned by SDPA; this adapter computes it alongside from the materialised scores"
 

@@ -1,6 +1,6 @@
 """Deliberately broken sharded optimizers (ZeRO-1): the suite must reject every one.
 
-Each mutant is ``impl.sharded_optimizer.ShardedOptimizer`` with one classic bug, as a
+Each mutant is ``impl.zero.optimizer.ShardedOptimizer`` with one classic bug, as a
 target: ``--target conformance.mutants.sharded_optimizer:no_sync_after_step``.  Each names
 the laws (``properties.sharded_optimizer_laws``) that exist to catch it;
 ``conformance/test_sharded_optimizer_mutants.py`` checks that every one of them does.
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import torch
 
-from impl.param_sync import BroadcastSync, NoSync
-from impl.sharded_optimizer import ShardedOptimizer
+from impl.zero.param_sync import BroadcastSync, NoSync
+from impl.zero.optimizer import ShardedOptimizer
 
 
 class NoSyncAfterStep(ShardedOptimizer):

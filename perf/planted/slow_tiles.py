@@ -1,4 +1,4 @@
-# Planted slow-down for the gate demonstration: appended to impl/flash_triton.py on a
+# Planted slow-down for the gate demonstration: appended to impl/attention/flash_triton.py on a
 # scratch copy, it forces the forward onto 16x16 tiles with one warp (correct, but slow).
 _gate_demo_real_forward_config = default_forward_config  # noqa: F821
 

@@ -4,8 +4,8 @@ They are not CS336 entry points, so the default target ``impl`` does not hand th
 these small objects expose them under the 2026 names (``get_ddp``,
 ``ddp_on_after_backward``) so the same laws check them:
 
-    pytest properties/test_ddp.py --target impl.ddp_targets:naive
-    pytest properties/test_ddp.py --target impl.ddp_targets:flat
+    pytest properties/test_ddp.py --target conformance.adapters.impl_ddp_wrappers:naive
+    pytest properties/test_ddp.py --target conformance.adapters.impl_ddp_wrappers:flat
 
 (With the default target, properties/test_ddp.py checks both of them too.)
 """
@@ -20,7 +20,7 @@ class WrapperTarget:
         self.class_name = class_name
 
     def _cls(self):
-        from . import ddp
+        from impl import ddp
 
         return getattr(ddp, self.class_name)
 

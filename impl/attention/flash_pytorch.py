@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention_checks import validate_attention_inputs
+from .validation import validate_attention_inputs
 
 TILE_Q = 32
 TILE_K = 32

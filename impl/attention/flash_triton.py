@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_checks import interpreter_enabled, validate_attention_inputs
+from .validation import interpreter_enabled, validate_attention_inputs
 
 _LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e))
 

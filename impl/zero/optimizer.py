@@ -22,7 +22,7 @@ Contract
     step(closure=None): evaluates the closure once, copies the hyperparameters of
     ``param_groups`` (an LR scheduler's edits) into the local optimizer, updates the
     local shard with ``optimizer_cls`` and makes every rank's parameters bit-identical
-    to the owners' (``sync``, see ``impl.param_sync``).  The shard is stepped in buckets
+    to the owners' (``sync``, see ``impl.zero.param_sync``).  The shard is stepped in buckets
     of about ``bucket_mb`` so that communication of one bucket overlaps the update of
     the next (None: one bucket).  The default sync is "allgather": one collective per
     bucket that moves every rank's shard at once, where "broadcast" sends the owners'
@@ -436,7 +436,7 @@ def _to_cpu(obj):
     return obj
 
 
-# --- configured variants, as targets (``--target impl.sharded_optimizer:variants.NAME``) --
+# --- configured variants, as targets (``--target impl.zero.optimizer:variants.NAME``) --
 
 
 def _variant(**options):
