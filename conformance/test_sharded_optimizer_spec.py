@@ -143,7 +143,7 @@ def rank_more_ranks_than_parameters(ctx, target_spec):
         w.grad, ref.grad = g.clone(), g.clone()
         opt.step()
         plain.step()
-    from perf.memory_accounting import optimizer_state_bytes
+    from conformance.accounting import optimizer_state_bytes
 
     return w.detach(), ref.detach(), optimizer_state_bytes(opt)
 

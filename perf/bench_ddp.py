@@ -72,7 +72,7 @@ if __package__ in (None, ""):  # run as a script: make the project importable
 from conformance.harness import run_on_ranks, shutdown_pools  # noqa: E402
 from perf import tables  # noqa: E402
 from perf.bench_allreduce import allreduce_sweep, fit_alpha_beta, sizes_up_to  # noqa: E402
-from perf.gpt import count_parameters, make_gpt, random_batch  # noqa: E402
+from impl.models.gpt import count_parameters, make_gpt, random_batch  # noqa: E402
 from perf.measure import Deadline, device_description, free_memory, time_calls  # noqa: E402
 
 MIB = 1 << 20
@@ -543,7 +543,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default="perf-out")
     p.add_argument("--tiny", action="store_true", help="CPU, gloo, 2 ranks, tiny GPT, float32: a smoke run for CI")
     p.add_argument("--variants", nargs="*", default=None, help="subset of the variants (default: all)")
-    p.add_argument("--size", default=None, help="perf.gpt size (default gpt1_5b; tiny with --tiny)")
+    p.add_argument("--size", default=None, help="impl.models.gpt size (default gpt1_5b; tiny with --tiny)")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--seq", type=int, default=None)
     p.add_argument("--warmup", type=int, default=None)

@@ -1,4 +1,4 @@
-"""End-to-end benchmark of the GPT-style model (``perf.gpt``): time and memory of
+"""End-to-end benchmark of the GPT-style model (``impl.models.gpt``): time and memory of
 inference, forward, forward+backward and a full AdamW step, per size, attention backend
 and precision.
 
@@ -51,7 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from perf import gpt, measure
+from impl.models import gpt
+from perf import measure
 from perf.measure import OK, Deadline, Outcome
 
 MODES = ("inference", "forward", "forward_backward", "step")

@@ -54,8 +54,8 @@ import torch.distributed as dist  # noqa: E402
 if __package__ in (None, ""):  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perf.gpt import count_parameters, make_gpt, random_batch  # noqa: E402
-from perf.memory_accounting import (  # noqa: E402
+from impl.models.gpt import count_parameters, make_gpt, random_batch  # noqa: E402
+from conformance.accounting import (  # noqa: E402
     adam_state_bytes,
     gib,
     gradient_bytes,
@@ -375,7 +375,7 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="directory for sharded_optimizer.json and .md")
     p.add_argument("--tiny", action="store_true", help="CPU, gloo, tiny GPT: a seconds-long smoke run")
     p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--size", default=None, help="perf.gpt size (default gpt1_5b; tiny with --tiny)")
+    p.add_argument("--size", default=None, help="impl.models.gpt size (default gpt1_5b; tiny with --tiny)")
     p.add_argument("--batch", type=int, default=None, help="sequences per rank (default 4; 2 with --tiny)")
     p.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 256; 16 with --tiny)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3; 1 with --tiny)")

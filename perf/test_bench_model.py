@@ -9,7 +9,8 @@ attention, so CI keeps the harness working (CPU numbers are not compared).
 import pytest
 import torch
 
-from perf import bench_model, gpt, measure
+from impl.models import gpt
+from perf import bench_model, measure
 
 ATTENTIONS = ("sdpa", "triton", "eager", "pytorch")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from perf.bench_sharded_optimizer import VARIANTS
-from perf.gpt import SIZES, make_gpt
-from perf.memory_accounting import adam_state_bytes
+from impl.models.gpt import SIZES, make_gpt
+from conformance.accounting import adam_state_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Each term of the memory breakdown equals its formula (``perf.memory_accounting``), on the
+"""Each term of the memory breakdown equals its formula (``conformance.accounting``), on the
 CPU with small GPT models: parameters, gradients, AdamW state (plain and sharded over W
 ranks) and the activations autograd saves."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perf.gpt import GPTConfig, count_parameters, make_gpt, random_batch
-from perf.memory_accounting import (
+from impl.models.gpt import GPTConfig, count_parameters, make_gpt, random_batch
+from conformance.accounting import (
     adam_state_bytes,
     gpt_activation_bytes,
     gradient_bytes,

@@ -8,7 +8,8 @@ import pickle
 import pytest
 import torch
 
-from perf import bench_attention, bench_model, gpt, measure, plots, tables
+from impl.models import gpt
+from perf import bench_attention, bench_model, measure, plots, tables
 from perf.bench_attention import AttentionImpl, Case
 
 

@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from conformance import oracle
 from conformance.harness import RankFailure, available_world_sizes, pinned_world_size, run_on_ranks
 from conformance.target import NotOffered, load_target
-from perf.memory_accounting import optimizer_state_bytes
+from conformance.accounting import optimizer_state_bytes
 
 CASE_TIMEOUT_S = 120.0
 MAX_WORLD_SIZE = 4

@@ -16,7 +16,7 @@ Formulas this module states and the tests check on small models:
     largest-first assignment: n_r <= N/W + largest parameter, so
         S_r <= 2 x 4 x (N/W + n_max) + 4 x k_r.
 
-    GPT activations (``perf.gpt``, fp32 on the CPU, SDPA attention), counted as the
+    GPT activations (``impl.models.gpt``, fp32 on the CPU, SDPA attention), counted as the
     distinct storages autograd saves for backward in one forward pass; B x T tokens,
     width C, MLP width F, H heads, L blocks (``gpt_activation_bytes`` says which is which):
         per block  10 BTC + 2 BT + BHT + 2 BTF   floats
@@ -120,7 +120,7 @@ def sharded_adam_state_bound(total_elements: int, largest_elements: int, world_s
 
 
 def gpt_activation_bytes(cfg, batch: int, seq: int, float_bytes: int = 4) -> int:
-    """Bytes autograd saves in one forward of ``perf.gpt.GPT`` (fp32, SDPA, ids in their own storage).
+    """Bytes autograd saves in one forward of ``impl.models.gpt.GPT`` (fp32, SDPA, ids in their own storage).
 
     Per block, T = seq, C = d_model, F = d_ff, H = heads:
       each RMSNorm (2):  its input x (the residual stream, BTC), r = rsqrt(mean x^2 + eps)
