@@ -69,15 +69,17 @@ def ddp_on_after_backward(model, optimizer):
 
 
 def get_fsdp(module, compute_dtype=None):
-    raise NotImplementedError("impl does not offer FSDP yet")
+    from .fsdp import FSDP
+
+    return FSDP(module, compute_dtype=compute_dtype)
 
 
 def fsdp_on_after_backward(model, optimizer):
-    raise NotImplementedError("impl does not offer FSDP yet")
+    model.finish_gradient_synchronization()
 
 
 def fsdp_gather_full_params(model):
-    raise NotImplementedError("impl does not offer FSDP yet")
+    return model.gather_full_params()
 
 
 # --- optimizer-state sharding -------------------------------------------------------
@@ -87,3 +89,160 @@ def get_sharded_optimizer(params, optimizer_cls, **kwargs):
     from .zero import ShardedOptimizer
 
     return ShardedOptimizer(params, optimizer_cls, **kwargs)
+
+
+# --- pipeline parallelism -----------------------------------------------------------
+
+
+def get_pipeline_schedule(name, n_stages, n_microbatches):
+    """Per rank (rank r holds stage r), the ordered actions of schedule ``name``
+    ("afab"/"gpipe" or "1f1b"): ``Action(kind "F"|"B", microbatch, stage)``."""
+    from .pipeline import schedule
+
+    return schedule(name, n_stages, n_microbatches)
+
+
+def pipeline_train_step(stage_module, schedule, inputs, targets, loss_fn, n_microbatches, group=None, normalizer=None):
+    """One pipelined training step on every rank of ``group``; see impl.pipeline.executor.
+    Returns the step's loss (summed micro-batch losses / normalizer) on the last stage,
+    None elsewhere; gradients accumulate into the stage's ``param.grad``."""
+    from .pipeline import pipeline_train_step as step
+
+    return step(stage_module, schedule, inputs, targets, loss_fn, n_microbatches, group=group, normalizer=normalizer)
+
+
+# --- fully sharded data parallelism: strategies and accumulation (beyond CS336) -----
+
+
+def get_fsdp_strategy(module, strategy="FULL_SHARD", compute_dtype=None, reduce_dtype=None, unit_classes=None, shard_group_size=None):
+    """FSDP with a sharding strategy: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD.
+
+    The result answers ``fsdp_on_after_backward`` and ``fsdp_gather_full_params`` like
+    ``get_fsdp``'s.  ``shard_group_size`` is HYBRID_SHARD's ranks per shard group.
+    """
+    from .fsdp import FSDP
+
+    return FSDP(
+        module,
+        strategy=strategy,
+        compute_dtype=compute_dtype,
+        reduce_dtype=reduce_dtype,
+        unit_classes=unit_classes,
+        shard_group_size=shard_group_size,
+    )
+
+
+def fsdp_no_sync(model):
+    """A context manager: backward passes inside it accumulate gradients locally."""
+    return model.no_sync()
+
+
+# --- tensor parallelism ---------------------------------------------------------------
+# Megatron-style layers (impl.tensor_parallel).  ``group``: a torch.distributed process
+# group (None: the default group), W its size.  Shards follow the chunk layout: rank r
+# holds items [r * ceil(n / W), (r + 1) * ceil(n / W)) clipped to n.
+
+
+def get_column_parallel_linear(linear, group=None, gather_output=False):
+    """nn.Linear -> module: input (..., in) replicated; output (..., rank's out features),
+    or (..., out) on every rank with gather_output."""
+    from .tensor_parallel import ColumnParallelLinear
+
+    return ColumnParallelLinear(linear, group, gather_output=gather_output)
+
+
+def get_row_parallel_linear(linear, group=None, input_is_parallel=True):
+    """nn.Linear -> module: input (..., in / W), the rank's input features (or the full
+    input with input_is_parallel=False); output (..., out) replicated, bias added once."""
+    from .tensor_parallel import RowParallelLinear
+
+    return RowParallelLinear(linear, group, input_is_parallel=input_is_parallel)
+
+
+def get_vocab_parallel_embedding(embedding, group=None):
+    """nn.Embedding -> module: ids (any shape) replicated; output (..., dim) replicated."""
+    from .tensor_parallel import VocabParallelEmbedding
+
+    return VocabParallelEmbedding(embedding, group)
+
+
+def vocab_parallel_cross_entropy(local_logits, targets, group=None, *, vocab_size=None, ignore_index=-100, reduction="mean"):
+    """Cross-entropy of the rank's vocabulary shard of the logits (..., V_r) against
+    replicated targets (...); equal to F.cross_entropy on the full logits."""
+    from .tensor_parallel import vocab_parallel_cross_entropy as ce
+
+    return ce(local_logits, targets, group, vocab_size=vocab_size, ignore_index=ignore_index, reduction=reduction)
+
+
+def get_tensor_parallel_block(block, group=None, sequence_parallel=False):
+    """impl.models.gpt.Block -> module: (B, N, C) replicated in and out (sequence_parallel:
+    (B, N / W, C), the rank's tokens)."""
+    from .tensor_parallel import TensorParallelBlock
+
+    return TensorParallelBlock(block, group, sequence_parallel=sequence_parallel)
+
+
+def get_tensor_parallel_gpt(model, group=None, sequence_parallel=False):
+    """impl.models.gpt.GPT -> module: token ids (B, N) replicated in; the rank's logits
+    (B, N, V_r) out, for vocab_parallel_cross_entropy(..., vocab_size=V)."""
+    from .tensor_parallel import TensorParallelGPT
+
+    return TensorParallelGPT(model, group, sequence_parallel=sequence_parallel)
+
+
+def tensor_parallel_gather_full_params(module):
+    """A module from the factories above -> {dense parameter name: full tensor}, on every
+    rank (a collective: every rank calls it)."""
+    from .tensor_parallel import gather_full
+
+    return gather_full(module)
+
+
+def tensor_parallel_gather_full_grads(module):
+    """Like tensor_parallel_gather_full_params, for the gradients (None where absent)."""
+    from .tensor_parallel import gather_full
+
+    return gather_full(module, grads=True)
+
+
+# --- context parallelism (ring attention) -------------------------------------------
+#
+#   get_ring_attention_autograd_function() -> autograd.Function class; every rank of the
+#       group calls .apply(q, k, v, is_causal, group, layout) (positional; group None is
+#       the default group, layout "contiguous" or "zigzag") with its shard (..., N/W, d)
+#       and gets its shard of O; saves one logsumexp tensor of shape q.shape[:-1].
+#   merge_attention_partials(o1, lse1, o2, lse2) -> (o, lse)   (natural-log L)
+#   context_parallel_shard(x, world_size, rank, layout="contiguous", dim=-2) -> shard
+#   context_parallel_unshard(shards, layout="contiguous", dim=-2) -> whole sequence
+#   context_parallel_positions(seq_len, world_size, rank, layout="contiguous", device=None)
+#       -> int64 positions of the rank's tokens (its RoPE positions)
+
+
+def get_ring_attention_autograd_function():
+    from .context_parallel import RingAttention
+
+    return RingAttention
+
+
+def merge_attention_partials(o1, lse1, o2, lse2):
+    from .context_parallel import merge_attention_partials as merge
+
+    return merge(o1, lse1, o2, lse2)
+
+
+def context_parallel_shard(x, world_size, rank, layout="contiguous", dim=-2):
+    from .context_parallel import shard_sequence
+
+    return shard_sequence(x, world_size, rank, layout, dim)
+
+
+def context_parallel_unshard(shards, layout="contiguous", dim=-2):
+    from .context_parallel import unshard_sequence
+
+    return unshard_sequence(shards, layout, dim)
+
+
+def context_parallel_positions(seq_len, world_size, rank, layout="contiguous", device=None):
+    from .context_parallel import shard_positions
+
+    return shard_positions(seq_len, world_size, rank, layout, device)
