@@ -1,0 +1,186 @@
+"""The comparisons behind the pipeline laws.
+
+Schedule checks are pure: they read the target's schedule data
+(``get_pipeline_schedule(name, n_stages, n_microbatches)``: per rank, the ordered actions)
+and play it out with ``simulate``.  An action may be any object with ``kind``,
+``microbatch`` and ``stage`` attributes, or a (kind, micro-batch, stage) triple; kind is
+"F" or "B".
+
+Parity checks run the target's ``pipeline_train_step`` on ranks and judge every stage's
+gradients against the dense float64 model on the whole batch with the oracle (eager: the
+worse of the dense float32 model and the plain float32 micro-batch loop; magnitude: the
+per-sample gradient terms summed).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from fractions import Fraction
+
+import torch
+
+from conformance import oracle
+from conformance.harness import run_on_ranks
+from conformance.laws.pipeline import reference
+from conformance.laws.pipeline.rank import rank_pipeline_grads
+from conformance.laws.pipeline.simulate import in_flight_peak, simulate
+from conformance.target import load_target
+
+CASE_TIMEOUT_S = 60.0
+
+
+# --- schedule data --------------------------------------------------------------------
+
+
+def normalise_action(a) -> tuple[str, int, int]:
+    if all(hasattr(a, k) for k in ("kind", "microbatch", "stage")):
+        kind, mb, stage = a.kind, a.microbatch, a.stage
+    elif isinstance(a, (tuple, list)) and len(a) == 3:
+        kind, mb, stage = a
+    else:
+        raise AssertionError(f"schedule action {a!r} is neither an Action nor a (kind, micro-batch, stage) triple")
+    kind = getattr(kind, "value", kind)
+    if kind not in ("F", "B"):
+        raise AssertionError(f"schedule action {a!r}: kind {kind!r} is not 'F' or 'B'")
+    return str(kind), int(mb), int(stage)
+
+
+def target_plan(subject: str, name: str, n_stages: int, n_microbatches: int):
+    plan = load_target(subject).call("get_pipeline_schedule", name, n_stages, n_microbatches)
+    plan = [list(map(normalise_action, actions)) for actions in plan]
+    if len(plan) != n_stages:
+        raise AssertionError(f"{name}: schedule for {n_stages} stages has {len(plan)} ranks' lists")
+    return plan
+
+
+def _show(actions) -> str:
+    return " ".join(f"{k}{i}" for k, i, _ in actions)
+
+
+def check_counts(subject, case) -> None:
+    """Each (micro-batch, stage) gets exactly one forward and one backward, on its stage's rank."""
+    plan = target_plan(subject, case.name, case.n_stages, case.n_microbatches)
+    for r, actions in enumerate(plan):
+        want = Counter([("F", i, r) for i in range(case.n_microbatches)] + [("B", i, r) for i in range(case.n_microbatches)])
+        got = Counter(actions)
+        if got != want:
+            missing, extra = sorted((want - got).elements()), sorted((got - want).elements())
+            raise AssertionError(
+                f"{case.name} p={case.n_stages} m={case.n_microbatches}: rank {r} runs [{_show(actions)}]; "
+                f"missing {missing}, unexpected or repeated {extra}"
+            )
+
+
+def check_dependencies(subject, case) -> None:
+    """On each rank F(i) comes before B(i); in the simulated timeline a rank runs one action
+    at a time, F(i, s) starts after F(i, s-1) ends and B(i, s) after B(i, s+1) ends."""
+    p, m = case.n_stages, case.n_microbatches
+    plan = target_plan(subject, case.name, p, m)
+    where = f"{case.name} p={p} m={m}"
+    for r, actions in enumerate(plan):
+        seen = set()
+        for kind, i, s in actions:
+            if kind == "F":
+                seen.add((i, s))
+            elif (i, s) not in seen:
+                raise AssertionError(f"{where}: rank {r} runs B{i} of stage {s} before its forward: [{_show(actions)}]")
+    timeline = simulate(plan, p, case.forward_cost, case.backward_cost)
+    end = {}
+    for step in timeline.steps:
+        end.setdefault((step.kind, step.microbatch, step.stage), step.end)
+    for r in range(len(plan)):
+        mine = [st for st in timeline.steps if st.rank == r]
+        for a, b in zip(mine, mine[1:]):
+            if b.start < a.end:
+                raise AssertionError(f"{where}: rank {r} runs {b.kind}{b.microbatch} at t={b.start} while {a.kind}{a.microbatch} runs until t={a.end}")
+    for st in timeline.steps:
+        before = []
+        if st.kind == "F" and st.stage > 0:
+            before.append(("F", st.microbatch, st.stage - 1))
+        if st.kind == "B":
+            before.append(("F", st.microbatch, st.stage))
+            if st.stage < p - 1:
+                before.append(("B", st.microbatch, st.stage + 1))
+        for dep in before:
+            if dep not in end or end[dep] > st.start:
+                raise AssertionError(f"{where}: {st.kind}{st.microbatch} of stage {st.stage} starts at t={st.start} before {dep[0]}{dep[1]} of stage {dep[2]} has finished")
+
+
+def check_deadlock_free(subject, case) -> None:
+    """Played out with non-blocking sends and blocking receives, every rank finishes."""
+    plan = target_plan(subject, case.name, case.n_stages, case.n_microbatches)
+    timeline = simulate(plan, case.n_stages, case.forward_cost, case.backward_cost)
+    if timeline.deadlocked:
+        waits = "; ".join(f"rank {r} at {a[0]}{a[1]} waits for {need[0]}{need[1]} from stage {need[2]}" for r, (a, need) in timeline.stuck.items())
+        raise AssertionError(f"{case.name} p={case.n_stages} m={case.n_microbatches} deadlocks: {waits}")
+
+
+def check_bubble(subject, case) -> None:
+    """The idle fraction of the simulated timeline is exactly (p - 1) / (m + p - 1)."""
+    p, m = case.n_stages, case.n_microbatches
+    plan = target_plan(subject, case.name, p, m)
+    timeline = simulate(plan, p, case.forward_cost, case.backward_cost)
+    if timeline.deadlocked:
+        raise AssertionError(f"{case.name} p={p} m={m}: deadlocks, no timeline to measure")
+    want = Fraction(p - 1, m + p - 1)
+    got = timeline.idle_fraction()
+    if got != want:
+        raise AssertionError(
+            f"{case.name} p={p} m={m} (F={case.forward_cost}, B={case.backward_cost}): idle fraction {got} = {float(got):.4f}, "
+            f"expected (p-1)/(m+p-1) = {want} (makespan {timeline.makespan})"
+        )
+
+
+def check_in_flight(subject, case) -> None:
+    """1F1B holds at most min(p - s, m) micro-batches on stage s; AFAB holds all m."""
+    p, m = case.n_stages, case.n_microbatches
+    plan = target_plan(subject, case.name, p, m)
+    for s, actions in enumerate(plan):
+        peak = in_flight_peak(actions)
+        if case.name == "1f1b" and peak > min(p - s, m):
+            raise AssertionError(f"1f1b p={p} m={m}: stage {s} holds {peak} micro-batches in flight, more than min(p - s, m) = {min(p - s, m)}: [{_show(actions)}]")
+        if case.name == "afab" and peak != m:
+            raise AssertionError(f"afab p={p} m={m}: stage {s} holds at most {peak} micro-batches in flight, not all m = {m}: [{_show(actions)}]")
+
+
+# --- parity on ranks --------------------------------------------------------------------
+
+
+def backward_orders(subject, case, names):
+    out = {}
+    for name in names:
+        plan = target_plan(subject, name, case.world_size, case.n_microbatches)
+        out[name] = [[i for k, i, _ in actions if k == "B"] for actions in plan]
+    return out
+
+
+def check_parity(subject, case, names=("afab", "1f1b"), device=None) -> None:
+    """Every stage's gradients under each schedule equal the dense model's on the whole
+    batch (oracle), the returned losses add up to the dense loss, and schedules whose
+    backwards run in the same micro-batch order on every stage agree to the bit."""
+    results = run_on_ranks(rank_pipeline_grads, case.world_size, subject, case, names, timeout=CASE_TIMEOUT_S, device=device)
+    ref64, loss64 = reference.dense(case, torch.float64)
+    eager, loss32 = reference.eager(case, ref64)
+    magnitude = reference.per_sample_magnitude(case)
+    for name in names:
+        seen = {}
+        for r, per_rank in enumerate(results):
+            for pname, grad in per_rank[name]["grads"].items():
+                if grad is None:
+                    raise AssertionError(f"{name}: stage {r} parameter {pname} got no gradient")
+                seen[pname] = r
+                oracle.assert_close(f"{name} W={case.world_size} m={case.n_microbatches}: stage {r} grad {pname}", grad, ref64[pname], eager[pname], torch.float32, magnitude=magnitude[pname])
+        missing = sorted(set(ref64) - set(seen))
+        if missing:
+            raise AssertionError(f"{name}: no stage holds {missing}")
+        losses = results[-1][name]["losses"]
+        if any(loss is None for loss in losses):
+            raise AssertionError(f"{name}: the last stage returned no loss")
+        total = sum(losses)
+        oracle.assert_close(f"{name}: loss of the step", total.reshape(()), loss64.reshape(()), loss32.reshape(()), torch.float32)
+    if len(names) == 2:
+        orders = backward_orders(subject, case, names)
+        if orders[names[0]] == orders[names[1]]:
+            for r, per_rank in enumerate(results):
+                for pname, grad in per_rank[names[0]]["grads"].items():
+                    oracle.assert_bitwise_equal(f"{names[0]} vs {names[1]}: stage {r} grad {pname}", grad, per_rank[names[1]]["grads"][pname])

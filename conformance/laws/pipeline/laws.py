@@ -1,0 +1,95 @@
+"""The pipeline-parallel laws, written against the target protocol.
+
+A target offers
+    ``get_pipeline_schedule(name, n_stages, n_microbatches)`` -> per rank, the ordered
+        actions (``kind`` "F"/"B", ``microbatch``, ``stage``) for name "afab" or "1f1b";
+    ``pipeline_train_step(stage_module, schedule_name, inputs, targets, loss_fn,
+        n_microbatches, group=None, normalizer=None)`` -> the step's loss on the last stage.
+
+Capability "pipeline parallelism".  There is no course handout for it: the contract tier
+is the issue's list (schedule laws, parity with the dense model, m < p); the extras are
+gradient accumulation across steps and GPT-style transformer stages with ignore_index.
+
+``check_law(law, subject, device, max_examples=None, **settings)`` runs one law under
+Hypothesis; ``rejection(law_name, target_spec, max_examples)`` is the mutant self-test's
+runner: the first line of the law's failure on the target, or None.
+"""
+
+from __future__ import annotations
+
+from hypothesis import Phase, given, note, settings
+
+from conformance.harness import resolve_device
+from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.laws.pipeline import checks
+from conformance.laws.pipeline.strategies import pipeline_cases, schedule_cases
+
+CAPABILITY = "pipeline parallelism"
+
+
+def _parity(subject, case):
+    """AFAB and 1F1B gradients equal the dense model's on the whole batch, and each other."""
+    checks.check_parity(subject, case)
+
+
+def _accumulation(subject, case):
+    """Gradients accumulated over several pipeline steps, each normalised by the global
+    count, equal one dense step on the whole batch."""
+    checks.check_parity(subject, case)
+
+
+def _gpt(subject, case):
+    """The GPT-style model cut into stages (embeddings, blocks, head) matches the dense GPT
+    under a summed cross-entropy with ignored targets, normalised by the tokens that count."""
+    checks.check_parity(subject, case)
+
+
+LAWS = (
+    Law("every_microbatch_gets_one_forward_and_one_backward_per_stage", CAPABILITY, CONTRACT,
+        cases=lambda device=None: schedule_cases(), check=checks.check_counts),
+    Law("forward_before_backward_and_stage_order_in_the_simulated_timeline", CAPABILITY, CONTRACT,
+        cases=lambda device=None: schedule_cases(costs=(2, 3)), check=checks.check_dependencies),
+    Law("simulated_sends_and_receives_never_deadlock", CAPABILITY, CONTRACT,
+        cases=lambda device=None: schedule_cases(), check=checks.check_deadlock_free),
+    Law("idle_fraction_is_p_minus_1_over_m_plus_p_minus_1", CAPABILITY, CONTRACT,
+        cases=lambda device=None: schedule_cases(costs=(3, 3)), check=checks.check_bubble),
+    Law("in_flight_microbatches_at_most_p_minus_s_under_1f1b_and_m_under_afab", CAPABILITY, CONTRACT,
+        cases=lambda device=None: schedule_cases(), check=checks.check_in_flight),
+    Law("afab_and_1f1b_gradients_equal_the_dense_model_and_each_other", CAPABILITY, CONTRACT,
+        cases=lambda device=None: pipeline_cases(device), check=_parity, needs=("ranks",)),
+    Law("gradient_accumulation_across_steps_equals_one_step_on_the_whole_batch", CAPABILITY, API,
+        cases=lambda device=None: pipeline_cases(device, steps=(2, 3), max_microbatches=4), check=_accumulation,
+        needs=("ranks",), extra="gradient accumulation across steps"),
+    Law("gpt_stages_match_the_dense_gpt_with_ignored_targets", CAPABILITY, API,
+        cases=lambda device=None: pipeline_cases(device, model="gpt", max_microbatches=4), check=_gpt,
+        needs=("ranks",), extra="GPT-style transformer stages, ignore_index"),
+)
+LAWS_BY_NAME = by_name(LAWS)
+DISTRIBUTED = {law.name for law in LAWS if law.needs}
+
+
+def check_law(law: Law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
+    device = resolve_device(device)
+    options = dict(extra_settings)
+    if max_examples is not None:
+        options["max_examples"] = max_examples
+
+    @settings(**options)
+    @given(case=law.cases(device=device))
+    def run(case):
+        note(f"case: {case}")
+        law.check(subject, case)
+
+    run()
+
+
+MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
+
+
+def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
+    """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes."""
+    try:
+        check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS)
+    except AssertionError as exc:
+        return (str(exc).splitlines() or [type(exc).__name__])[0]
+    return None

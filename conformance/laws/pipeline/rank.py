@@ -1,0 +1,45 @@
+"""Rank side of the pipeline laws (module-level functions run by the distributed harness).
+
+Every rank builds the case's whole model from its seed (identical everywhere), keeps the
+layers of its own stage (``partition``: consecutive, as even as possible), and runs the
+target's ``pipeline_train_step`` over them.  It returns the gradients of its stage's
+parameters under their global names, and the losses the target returned.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from conformance.laws.pipeline import model as models
+from conformance.target import load_target
+
+
+def stage_bounds(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
+    base, extra = divmod(n_layers, n_stages)
+    bounds, start = [], 0
+    for s in range(n_stages):
+        stop = start + base + (1 if s < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def rank_pipeline_grads(ctx, target_spec: str, case, schedule_names=("afab", "1f1b")):
+    """Per schedule: {"grads": {global name: grad} of this rank's stage, "losses": [...]}."""
+    target = load_target(target_spec)
+    step = target.factory("pipeline_train_step")
+    start, stop = stage_bounds(case.n_layers, ctx.world_size)[ctx.rank]
+    results = {}
+    for name in schedule_names:
+        layers, inputs, targets, loss_fn, count = models.build(case, torch.float32, ctx.device)
+        stage = nn.Sequential(*layers[start:stop])
+        first, last = ctx.rank == 0, ctx.rank == ctx.world_size - 1
+        losses = []
+        chunks = list(zip(torch.tensor_split(inputs, case.steps), torch.tensor_split(targets, case.steps)))
+        for x, y in chunks:  # gradient accumulation: every step normalised by the global count
+            loss = step(stage, name, x if first else None, y if last else None, loss_fn, case.n_microbatches, normalizer=count)
+            losses.append(None if loss is None else torch.as_tensor(loss).detach().double().cpu())
+        grads = {f"{start + i}.{n}": (p.grad.detach().clone() if p.grad is not None else None) for i, layer in enumerate(layers[start:stop]) for n, p in layer.named_parameters()}
+        results[name] = {"grads": grads, "losses": losses}
+    return results

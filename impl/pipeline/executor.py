@@ -1,0 +1,159 @@
+"""The pipeline executor: runs one rank's list of actions for one training step.
+
+Contract
+    ``pipeline_train_step(stage_module, schedule, inputs, targets, loss_fn,
+    n_microbatches, group=None, normalizer=None)``, called on every rank of ``group``
+    (default: the world) at once.  Rank r of the group holds stage r of ``W = group size``
+    stages in ``stage_module`` (an ``nn.Module`` taking one tensor, returning one
+    tensor); ``schedule`` is a name (``"afab"``/``"gpipe"``, ``"1f1b"``) or schedule
+    data (``impl.pipeline.schedule``: one tuple of ``Action``s per rank).
+
+    - Inputs: ``inputs`` (the whole batch, dim 0 is the batch) is read on stage 0 only,
+      ``targets`` on the last stage only; other ranks may pass None.  Both are cut into
+      ``n_microbatches`` consecutive micro-batches along dim 0 with
+      ``torch.tensor_split`` (sizes differ by at most one; 1 <= m <= batch size).
+    - Loss: ``loss_fn(output, target)`` returns the micro-batch's loss *summed* over what
+      it counts (``reduction="sum"``).  The step's loss is the sum over micro-batches
+      divided once by ``normalizer``, the global count (default: the batch size, read
+      from ``inputs`` or ``targets``, whichever this rank holds).  Backward runs on each
+      ``loss_m / normalizer``, so the gradients equal those of one step on the whole
+      batch.  Gradient accumulation: gradients add into ``param.grad`` and are never
+      zeroed here; to accumulate k steps, pass the count over all k as ``normalizer``.
+    - Returns the step's loss (a detached 0-d tensor) on the last stage, None elsewhere.
+
+    Communication: stage s sends each micro-batch's output to stage s + 1 and receives
+    the gradient of that output back; both are point-to-point, non-blocking sends and
+    blocking receives tagged by (activation or gradient, micro-batch), each preceded by
+    a small int64 header with the dtype and shape.  Every send is waited on before
+    return.  A stage keeps, per micro-batch in flight, its input and its output (the
+    autograd graph between them) until that micro-batch's backward; at most
+    ``max_in_flight`` of them at once (recorded on the returned ``StepStats`` of
+    ``run_actions``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .schedule import BACKWARD, FORWARD, schedule as make_schedule
+from .stage import ACTIVATION, GRADIENT, recv_tensor, send_tensor
+
+
+@dataclass
+class StepStats:
+    loss: torch.Tensor | None
+    max_in_flight: int
+    peak_stash_bytes: int
+
+
+def _group_info(group):
+    if not (dist.is_available() and dist.is_initialized()):
+        if group is not None:
+            raise ValueError("a process group was given but torch.distributed is not initialised")
+        return 0, 1, lambda r: r
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    to_global = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+    return rank, size, to_global
+
+
+def _split(batch: torch.Tensor, n: int, what: str):
+    if not isinstance(batch, torch.Tensor):
+        raise TypeError(f"{what} must be a tensor (the whole batch), got {type(batch).__name__}")
+    if batch.dim() == 0 or batch.shape[0] < n:
+        raise ValueError(f"cannot cut {what} of shape {tuple(batch.shape)} into {n} micro-batches along dim 0")
+    return torch.tensor_split(batch, n, dim=0)
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def run_actions(stage_module, actions, inputs, targets, loss_fn, n_microbatches, *, stage, n_stages, to_global=lambda r: r, group=None, normalizer=None) -> StepStats:
+    """Run one rank's actions (see the module docstring); returns the loss and stash stats."""
+    if n_microbatches < 1:
+        raise ValueError(f"n_microbatches must be at least 1, got {n_microbatches}")
+    first, last = stage == 0, stage == n_stages - 1
+    xs = _split(inputs, n_microbatches, "inputs") if first else None
+    ys = _split(targets, n_microbatches, "targets") if last else None
+    if normalizer is None:
+        held = inputs if first else targets
+        if held is None:
+            normalizer = None  # a middle stage never divides
+        else:
+            normalizer = held.shape[0]
+    if (last and normalizer is not None) and float(normalizer) <= 0:
+        raise ValueError(f"normalizer must be positive, got {normalizer}")
+    device = next((p.device for p in stage_module.parameters()), None)
+    if device is None:
+        device = (inputs if first else targets).device if (first or last) else torch.device("cpu")
+    prev_rank = to_global(stage - 1) if not first else None
+    next_rank = to_global(stage + 1) if not last else None
+
+    stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    pending = []
+    total = None
+    max_in_flight = peak_bytes = 0
+    done = set()
+    for action in actions:
+        kind, mb, at = action
+        if at != stage:
+            raise ValueError(f"rank of stage {stage} was given {action!r}, an action of stage {at}")
+        if not 0 <= mb < n_microbatches:
+            raise ValueError(f"{action!r}: micro-batch {mb} outside 0..{n_microbatches - 1}")
+        if (kind, mb) in done:
+            raise ValueError(f"{action!r} appears twice in stage {stage}'s schedule")
+        done.add((kind, mb))
+        if kind == FORWARD:
+            if first:
+                x = xs[mb]
+            else:
+                x = recv_tensor(prev_rank, ACTIVATION, mb, device, group)
+                x.requires_grad_(x.is_floating_point())
+            out = stage_module(x)
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"stage {stage} returned {type(out).__name__}; a stage returns one tensor")
+            if last:
+                loss = loss_fn(out, ys[mb])
+                total = loss.detach() if total is None else total + loss.detach()
+                stash[mb] = (x, loss / normalizer)
+            else:
+                pending += send_tensor(out, next_rank, ACTIVATION, mb, group)
+                stash[mb] = (x, out)
+            max_in_flight = max(max_in_flight, len(stash))
+            peak_bytes = max(peak_bytes, sum(_tensor_bytes(o) for _, o in stash.values()))
+        elif kind == BACKWARD:
+            if mb not in stash:
+                raise ValueError(f"{action!r}: backward of micro-batch {mb} before its forward on stage {stage}")
+            x, out = stash.pop(mb)
+            if last:
+                out.backward()
+            else:
+                grad = recv_tensor(next_rank, GRADIENT, mb, device, group)
+                out.backward(grad)
+            if not first:
+                grad_in = x.grad if x.grad is not None else torch.zeros_like(x)
+                pending += send_tensor(grad_in, prev_rank, GRADIENT, mb, group)
+        else:
+            raise ValueError(f"unknown action kind {kind!r} in {action!r}; expected 'F' or 'B'")
+    for handle, _buffer in pending:
+        handle.wait()
+    missing = sorted(stash)
+    if missing:
+        raise ValueError(f"stage {stage}: micro-batches {missing} ran forward but never backward")
+    loss = total / normalizer if (last and total is not None) else None
+    return StepStats(loss, max_in_flight, peak_bytes)
+
+
+def pipeline_train_step(stage_module, schedule, inputs, targets, loss_fn, n_microbatches, group=None, normalizer=None):
+    stage, n_stages, to_global = _group_info(group)
+    plan = make_schedule(schedule, n_stages, n_microbatches) if isinstance(schedule, str) else schedule
+    if len(plan) != n_stages:
+        raise ValueError(f"the schedule has {len(plan)} ranks' actions; the group has {n_stages} ranks")
+    stats = run_actions(
+        stage_module, plan[stage], inputs, targets, loss_fn, n_microbatches,
+        stage=stage, n_stages=n_stages, to_global=to_global, group=group, normalizer=normalizer,
+    )
+    return stats.loss
