@@ -11,12 +11,9 @@ Options
     --hypothesis-profile ci|dev|thorough
                           (Hypothesis's own option) example budgets; default ``dev``.
 
-A check whose target does not offer the capability is skipped with a reason starting
-"not offered:"; one that needs hardware this run lacks is skipped with "needs ...",
-including a target that refuses CPU tensors when no GPU is visible; a
-NotImplementedError from the target's own code (an unwritten backward) is "not offered"
-too (``conformance.refusals``).
-Neither is ever reported as passed.
+A check that raises a verdict (``conformance.verdicts``: not offered, needs hardware, an
+environment refusal, including the refusal rules of ``conformance.refusals``) is skipped
+with the verdict's reason; it is never reported as passed.
 """
 
 from __future__ import annotations
@@ -56,9 +53,9 @@ import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 from conformance import profiles  # noqa: E402,F401  (registers the profiles)
-from conformance.target import NotOffered, load_target  # noqa: E402
-from conformance.harness import NotEnoughDevices  # noqa: E402
-from conformance.refusals import gpu_refusal, not_implemented_refusal  # noqa: E402
+from conformance.target import load_target  # noqa: E402
+from conformance.capabilities import is_self_check  # noqa: E402
+from conformance.verdicts import NotOffered, classify  # noqa: E402
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
@@ -113,18 +110,14 @@ def target(request):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
-    """A target that does not offer a capability is reported as not offered, not failed."""
+    """A verdict (not offered, needs hardware, an environment refusal) is a skip with its reason."""
     try:
         return (yield)
-    except NotOffered as exc:
-        pytest.skip(f"not offered: {exc}")
-    except NotEnoughDevices as exc:  # message starts "needs N GPUs"
-        pytest.skip(str(exc))
-    except Exception as exc:  # a CUDA-only target without a GPU; an unwritten backward
-        reason = gpu_refusal(exc) or not_implemented_refusal(exc)
-        if reason is None:
-            raise
-        pytest.skip(reason)
+    except Exception as exc:
+        verdict = classify(exc)
+        if verdict is None or (is_self_check(pyfuncitem.nodeid) and isinstance(verdict, NotOffered)):
+            raise  # a self-check's targets are the suite's own: "not offered" there is a defect
+        pytest.skip(verdict.reason)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -132,7 +125,7 @@ def pytest_runtest_setup(item):
     try:
         return (yield)
     except NotOffered as exc:
-        pytest.skip(f"not offered: {exc}")
+        pytest.skip(exc.reason)
 
 
 def pytest_sessionfinish(session, exitstatus):

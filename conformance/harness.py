@@ -50,10 +50,13 @@ Contract
       a ``RankFailure`` with its exit code.  After any of these the pool is killed and
       the next call starts a fresh one; the one exception is a case where *every* rank
       raised (a symmetric failed assertion): the ranks re-synchronise with a barrier and
-      the pool is kept, so a failing Hypothesis example does not pay for a respawn.  When
-      every rank raised ``conformance.target.NotOffered`` (the target lacks a capability),
-      that ``NotOffered`` is raised in the parent instead, and the check is reported as
-      not offered.
+      the pool is kept, so a failing Hypothesis example does not pay for a respawn.
+    - Verdicts: a rank passes its exception through ``conformance.verdicts.classify``
+      (inside the rank, where the traceback still has its frames); when no rank died and
+      every rank that raised reached a verdict (not offered, needs hardware, an
+      environment refusal), the lowest such rank's verdict is raised in the parent,
+      rebuilt by class name, instead of a ``RankFailure``.  The harness does not know
+      what any verdict means.
     - Isolation: after each case, every rank restores grad mode and the default dtype
       and passes a barrier (which also drains the group's pending asynchronous work;
       NCCL ranks synchronise their device) before it reports its result; the parent
@@ -72,7 +75,7 @@ torchrun
     process group then comes from torchrun's environment::
 
         torchrun --standalone --nproc-per-node 2 -m conformance.harness_torchrun \\
-            conformance.test_harness:rank_and_sum '[3]' '{"scale": 2}'
+            conformance.selftests.test_harness:rank_and_sum '[3]' '{"scale": 2}'
 
     See ``conformance/harness_torchrun.py``: each rank runs the case once, rank 0 gathers
     the results with ``all_gather_object`` and prints them as one JSON line
@@ -102,7 +105,7 @@ from typing import Any, Callable
 
 import torch
 
-from conformance.target import NotOffered
+from conformance import verdicts
 
 MAX_CPU_WORLD_SIZE = 8
 # Collectives time out after this many seconds at least (the case timeout if larger).
@@ -165,7 +168,7 @@ class RankTimeout(AssertionError):
         self.stuck_ranks = stuck_ranks
 
 
-class NotEnoughDevices(RuntimeError):
+class NotEnoughDevices(verdicts.NeedsHardware):
     """The requested world size needs more GPUs than this machine has.
 
     The message starts with "needs N GPUs" ("needs a GPU" for one), the reason conftest.py
@@ -364,7 +367,10 @@ def _rank_main(rank, world_size, backend, store_path, collective_timeout_s, conn
             torch.set_default_dtype(default_dtype)
             _barrier(dist, backend, rank)
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            conn.send(("error", case_id, type(exc).__name__, _format_case_exception(exc), str(exc)))
+            verdict = _classify(exc)
+            etype = f"verdict:{type(verdict).__name__}" if verdict is not None else type(exc).__name__
+            message = str(verdict) if verdict is not None else str(exc)
+            conn.send(("error", case_id, etype, _format_case_exception(exc), message))
             continue
         conn.send(("result", case_id, payload))
 
@@ -372,6 +378,13 @@ def _rank_main(rank, world_size, backend, store_path, collective_timeout_s, conn
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - exiting anyway
         pass
+
+
+def _classify(exc: BaseException):
+    try:
+        return verdicts.classify(exc)
+    except Exception:  # noqa: BLE001 - a rule that breaks must not lose the rank's own error
+        return None
 
 
 def _format_case_exception(exc: BaseException) -> str:
@@ -565,7 +578,9 @@ class _Pool:
                 lines.append(f"rank {rank} died (exit code {code}) while {state.phase[rank]}")
             exc_type, tb = "", ""
         else:
-            first = min(state.errors)
+            # blame a rank with a real error before one that reached a verdict
+            real = [r for r, (etype, _) in state.errors.items() if not etype.startswith("verdict:")]
+            first = min(real or state.errors)
             exc_type, tb = state.errors[first]
         for rank, (etype, rank_tb) in sorted(state.errors.items()):
             lines.append(f"rank {rank} raised {etype} while {state.phase[rank]}:\n{_indent(rank_tb)}")
@@ -578,9 +593,11 @@ class _Pool:
         message = head + "\n" + "\n".join(lines) + "\n" + tail
         if not keep:
             self.close()
-        elif all(etype == "NotOffered" for etype, _ in state.errors.values()):
-            # the target lacks the capability on every rank: "not offered", not a failure
-            return NotOffered(state.messages.get(0, "") or f"raised on every rank in case {case}")
+        if not state.dead and state.errors and all(etype.startswith("verdict:") for etype, _ in state.errors.values()):
+            # the ranks that raised reached a verdict (not offered, needs hardware, ...): not a failure
+            verdict = verdicts.rebuild(exc_type.removeprefix("verdict:"), state.messages.get(first, ""))
+            if verdict is not None:
+                return verdict
         return RankFailure(
             message, rank=first, case=case, exc_type=exc_type, rank_traceback=tb, exc_message=state.messages.get(first, "")
         )

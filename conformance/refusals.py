@@ -14,9 +14,10 @@ such a check did not run; it did not fail.  ``gpu_refusal(exc)`` returns the ski
 - no CUDA device is visible (``torch.cuda.is_available()`` is False), and
 - the error, or one it was raised from or while handling (the suite's bad-input checks
   wrap the target's error), was raised in the target's code, not the suite's (the
-  innermost frame lies outside ``conformance/`` and ``properties/``; the adapters in
-  ``conformance/adapters`` are targets), and its message or the source line that raised
-  it names CUDA or a GPU (a bare ``assert q.is_cuda`` has no message).
+  innermost frame's module is not one of the suite's: ``is_suite_module`` reads the
+  module's dotted name, never its file path; adapters and mutants are targets), and its
+  message or the source line that raised it names CUDA or a GPU (a bare
+  ``assert q.is_cuda`` has no message).
 
 An exception group counts only if every error in it is such a refusal.  A wrong answer
 raises the suite's own AssertionError, from the suite's code, and still fails.
@@ -46,10 +47,21 @@ try:
 except NameError:  # Python 3.10: the backport Hypothesis depends on
     from exceptiongroup import BaseExceptionGroup
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SUITE_DIRS = tuple(os.path.join(_ROOT, d) + os.sep for d in ("conformance", "properties"))
-_TARGET_DIRS = (os.path.join(_ROOT, "conformance", "adapters") + os.sep,)
-_SUITE_FILES = (os.path.join(_ROOT, "conftest.py"),)
+# Suite code is classified by module name: the suite's packages, less the ones that hold
+# targets (library adapters, kept mutants, fixture targets of the self-tests).
+SUITE_PACKAGES = ("conformance", "properties", "conftest")
+TARGET_PACKAGES = ("conformance.adapters", "conformance.mutants", "conformance.selftests.targets")
+
+
+def _in_package(module: str, packages) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def is_suite_module(module: str) -> bool:
+    """Whether code of the module named ``module`` is the suite's own (not a target's)."""
+    return _in_package(module, SUITE_PACKAGES) and not _in_package(module, TARGET_PACKAGES)
+
+
 _NAMES_A_GPU = re.compile(r"cuda|\bgpus?\b", re.IGNORECASE)
 
 
@@ -65,11 +77,9 @@ def _raised_by_target(exc: BaseException) -> str | None:
     tb = _innermost(exc)
     if tb is None:
         return None
-    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
-    in_suite = (path.startswith(_SUITE_DIRS) and not path.startswith(_TARGET_DIRS)) or path in _SUITE_FILES
-    if in_suite:
+    if is_suite_module(tb.tb_frame.f_globals.get("__name__", "")):
         return None
-    return linecache.getline(path, tb.tb_lineno).strip()
+    return linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip()
 
 
 def _refusal(exc: BaseException, seen: set) -> str | None:
@@ -115,3 +125,16 @@ def not_implemented_refusal(exc: BaseException) -> str | None:
     part = "backward" if name == "backward" else f"{name}()"
     detail = f": {exc}" if str(exc) else ""
     return f"not offered: {part} raises NotImplementedError ({where}{detail})"
+
+
+def verdict_for(exc: BaseException):
+    """The verdict (``conformance.verdicts``) a refusal rule reads in ``exc``, or None."""
+    from conformance.verdicts import NeedsHardware, NotOffered
+
+    reason = gpu_refusal(exc)
+    if reason:
+        return NeedsHardware(reason)
+    reason = not_implemented_refusal(exc)
+    if reason:
+        return NotOffered(reason)
+    return None

@@ -13,12 +13,11 @@ label (xdist's report for a crashed worker) is attributed from its node id.
 ``--conformance-report PATH`` also writes the report as JSON (``PATH.json`` or a PATH
 ending in .json) and Markdown (``PATH.md``), for CI artifacts.
 
-Checks are mapped to capabilities by the ``capability`` marker when a test carries one,
-otherwise by the rules in ``capability_of_nodeid`` (test file, test name, and the
-parametrization id: the attention flavour and law, the DDP flavour).  Under xdist the
-controller sees only node ids, so a marked test that crashes its worker is attributed by
-its id.  Tests that check the suite itself (mutants, harness, this report) are listed as
-"suite".
+Checks are mapped to capabilities by the explicit table of ``conformance.capabilities``
+(module, test name, parameter id), in the controller and in xdist workers alike, so a
+crashed worker's check is attributed like any other.  Self-checks (the suite's own tests,
+impl's internals) are left out of the report: a target's table counts the target's
+checks only.
 """
 
 from __future__ import annotations
@@ -31,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 
 import pytest
 
-BACKWARD_LAWS = ("gradients", "gradcheck", "backward")
+from conformance.capabilities import SELF, capability_of_nodeid, unknown_modules
+
 STATUS_ORDER = ("FAILS", "conforms", "not offered", "not run here")
 
 
@@ -68,55 +68,7 @@ class CapabilityResult:
 
 
 def capability_of(item) -> str:
-    """The ``capability`` marker when the test carries one, else the rules of ``capability_of_nodeid``."""
-    marker = item.get_closest_marker("capability")
-    if marker and marker.args:
-        return str(marker.args[0])
     return capability_of_nodeid(item.nodeid)
-
-
-# A parametrized id that starts with an attention or DDP flavour names it (``pytorch-<law>``,
-# ``individual-<case>``, ``impl-naive``); see conformance/ddp_flavours.py for the DDP names.
-_ATTENTION_FLAVOUR = re.compile(r"(pytorch|triton)(?:-|$)")
-_DDP_FLAVOUR = re.compile(r"(individual|bucketed|ddp2026|impl-[A-Za-z0-9_]+)(?:-|$)")
-
-
-def capability_of_nodeid(nodeid: str) -> str:
-    """The capability a test belongs to, from its node id alone.
-
-    The id is all the xdist controller knows of a test whose worker crashed, so the rules
-    read only the file, the test function's name and the parametrization id
-    (``path::test_name[flavour-law]``): every test, crashed or not, is attributed alike.
-    """
-    path, _, rest = nodeid.partition("::")
-    name = rest.split("::")[-1]
-    func, _, ids = name.partition("[")
-    ids = ids.removesuffix("]")
-    base = os.path.basename(path).removesuffix(".py")
-    if "mutant" in path or base in ("test_harness", "test_report", "test_refusals") or path.startswith("perf/"):
-        return "suite: " + base.removeprefix("test_")
-    if "attention" in path or "triton" in path:
-        m = _ATTENTION_FLAVOUR.match(ids)
-        if m:
-            flavour, law = m.group(1), ids[m.end():]
-        else:
-            flavour, law = ("triton" if "triton" in func or "triton" in base else "pytorch"), ids
-        law = law or func
-        if "causal" in law and "non" not in law:
-            part = "causal"
-        elif any(word in law for word in BACKWARD_LAWS):
-            part = "backward"
-        else:
-            part = "forward"
-        return f"attention {flavour} {part}"
-    if "sharded_optimizer" in path or "zero" in path:
-        return "sharded optimizer"
-    if "ddp" in path:
-        m = _DDP_FLAVOUR.match(ids)
-        return f"DDP {m.group(1)}" if m else "DDP"
-    if "fsdp" in path:
-        return "FSDP"
-    return "other: " + base
 
 
 _REPLAY = re.compile(r"(@reproduce_failure\([^)]*\))")
@@ -156,24 +108,27 @@ class ConformanceReport:
         return self.results[capability]
 
     def _capability(self, report) -> str:
-        return (
-            dict(report.user_properties).get("capability")
-            or self.collected.get(report.nodeid)
-            or capability_of_nodeid(report.nodeid)
-        )
+        return self.collected.get(report.nodeid) or capability_of_nodeid(report.nodeid)
 
     # -- what was collected: here without xdist, from each worker with it ---------------
 
+    def _collect(self, nodeids):
+        for nodeid in nodeids:
+            if nodeid not in self.collected and unknown_modules([nodeid]) == []:
+                capability = capability_of_nodeid(nodeid)
+                if capability != SELF:
+                    self.collected[nodeid] = capability
+
     def pytest_collection_finish(self, session):
-        for item in session.items:
-            self.collected.setdefault(item.nodeid, capability_of(item))
+        self._collect(item.nodeid for item in session.items)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
-        for nodeid in ids:
-            self.collected.setdefault(nodeid, capability_of_nodeid(nodeid))
+        self._collect(ids)
 
     def pytest_runtest_logreport(self, report):
+        if unknown_modules([report.nodeid]) or capability_of_nodeid(report.nodeid) == SELF:
+            return  # a self-check: the test run shows it, a target's report does not
         if report.when == "call" or report.failed or report.skipped:
             self.reported.add(report.nodeid)  # a failed setup/teardown or a crash ("???") counts too
         res = self._result(self._capability(report))
@@ -217,10 +172,7 @@ class ConformanceReport:
     # -- output ---------------------------------------------------------------------
 
     def rows(self):
-        def key(r):
-            return (r.capability.startswith("suite"), r.capability)
-
-        return sorted(self.results.values(), key=key)
+        return sorted(self.results.values(), key=lambda r: r.capability)
 
     def target_note(self) -> str | None:
         """A target may say how it departs from the protocol (e.g. an adapter computing L itself)."""
@@ -319,11 +271,14 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) reports
         config.pluginmanager.register(ConformanceReport(config), "conformance-report")
-    config.addinivalue_line("markers", "capability(name): the capability a check belongs to, for the report")
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items):
-    """Label every item with its capability (in xdist workers too; the label travels with its reports)."""
-    for item in items:
-        item.user_properties.append(("capability", capability_of(item)))
+def pytest_collection_modifyitems(session, config, items):
+    """Every collected test module must be in the capability table (in workers too)."""
+    missing = unknown_modules(item.nodeid for item in items)
+    if missing:
+        raise pytest.UsageError(
+            "not in the capability table (conformance/capabilities.py): " + ", ".join(missing)
+            + "; add each module with the rule that names its capability"
+        )

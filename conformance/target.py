@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from conformance.verdicts import NotOffered  # noqa: F401  (re-exported: the protocol's "not offered")
+
 DEFAULT_TARGET = "impl"
 
 # Capability -> the factory names that provide it, in order of preference.
@@ -55,10 +57,6 @@ ALL_FACTORY_NAMES = (
     "fsdp_gather_full_params",
     "get_sharded_optimizer",
 )
-
-
-class NotOffered(Exception):
-    """The target does not offer this capability (factory missing or NotImplementedError)."""
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Flavours: ``individual`` (2025 get_ddp_individual_parameters), ``bucketed`` (2025
 get_ddp_bucketed), ``ddp2026`` (get_ddp).  With the default target the project's own
 naive and flat wrappers are checked too (``conformance.adapters.impl_ddp_wrappers``).  The laws, the random
-models and the oracle comparison are described in ``properties/ddp_laws.py``.
+models and the oracle comparison are described in ``conformance/laws/ddp/``.
 
 Each example runs one case on a live pool of rank processes (gloo on the CPU, world
 sizes 1 to 4; NCCL on GPUs, up to the number of GPUs).
@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 
-from properties import ddp_laws as laws
+from conformance.laws.ddp import laws
+from conformance.laws.ddp.flavours import FLAVOURS
 
 pytestmark = pytest.mark.distributed
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.distributed
 OWN_WRAPPERS = {"impl-naive": "conformance.adapters.impl_ddp_wrappers:naive", "impl-flat": "conformance.adapters.impl_ddp_wrappers:flat"}
 
 
-@pytest.fixture(params=list(laws.FLAVOURS) + list(OWN_WRAPPERS))
+@pytest.fixture(params=list(FLAVOURS) + list(OWN_WRAPPERS))
 def flavour(request):
     return request.param
 

@@ -1,6 +1,6 @@
 """Sharded-optimizer (ZeRO-1) laws, checked against the target's get_sharded_optimizer.
 
-Every law in ``properties.sharded_optimizer_laws.LAWS`` runs under Hypothesis against
+Every law in ``conformance.laws.zero.laws.LAWS`` runs under Hypothesis against
 ``--target`` (default: our ``impl``) on world sizes 1..4 (1..#GPUs on CUDA).  Below them,
 properties of our own implementation: the owner assignment's balance, the bucket rounds,
 and both sync strategies and the pipelined (many-round) step under the same laws.
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from conformance.profiles import examples
 from impl.zero.param_sync import plan_rounds
 from impl.zero.optimizer import assign_greedy
-from properties.sharded_optimizer_laws import LAWS, LAWS_BY_NAME, check_law
+from conformance.laws.zero.laws import LAWS, LAWS_BY_NAME, check_law
 
 pytestmark = pytest.mark.distributed
 

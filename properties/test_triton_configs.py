@@ -22,9 +22,9 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from conformance import oracle
-from conformance.strategies import AttentionCase, attention_cases, budget_for
+from conformance.laws.attention.strategies import AttentionCase, attention_cases, budget_for
 from impl.attention import flash_triton as ft
-from properties.attention_laws import references
+from conformance.laws.attention.laws import references
 
 BLOCKS = (16, 32, 64)
 

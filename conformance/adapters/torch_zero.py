@@ -4,7 +4,7 @@
 It follows torch's own state-dict protocol: ``consolidate_state_dict(to)`` on every rank,
 then ``state_dict()`` on rank ``to`` returns the full state; ``state_dict()`` alone is not
 a per-rank state, so the per-rank round-trip law reports it "not offered" (see
-``properties.sharded_optimizer_laws.per_rank_state_dict``).  ``load_state_dict`` takes the
+``conformance.laws.zero.laws.per_rank_state_dict``).  ``load_state_dict`` takes the
 full state at any world size.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-# Spec cases that do not hold for it (conformance/test_sharded_optimizer_spec.py runs them
+# Spec cases that do not hold for it (conformance/spec/test_sharded_optimizer.py runs them
 # as strict expected failures, so a fix upstream shows up).
 KNOWN_DEVIATIONS = {
     "unsupported_device_is_a_clear_error": (

@@ -18,6 +18,8 @@ from types import SimpleNamespace
 
 import torch
 
+from conformance.lawbook import Mutant
+
 TILE = 16
 
 
@@ -111,10 +113,10 @@ def buggy_flash(bugs: frozenset):
 
 
 @dataclass(frozen=True)
-class Mutant:
+class BuggyFlashSpec:
     name: str
     bug: str  # what is wrong, in a sentence
-    caught_by: tuple[str, ...]  # laws (properties.attention_laws) or spec checks that must reject it
+    caught_by: tuple[str, ...]  # laws (conformance.laws.attention.laws) or spec checks that must reject it
     bugs: frozenset = field(default=frozenset())
 
     def target(self):
@@ -122,39 +124,41 @@ class Mutant:
         return SimpleNamespace(get_flashattention_autograd_function_pytorch=lambda: fn, __name__=f"mutant:{self.name}")
 
 
-MUTANT_LIST = (
-    Mutant("no_rescale", "O accumulator not rescaled by exp(m_old - m_new) when the running max moves",
+SPECS = (
+    BuggyFlashSpec("no_rescale", "O accumulator not rescaled by exp(m_old - m_new) when the running max moves",
            ("forward_matches_float64_reference",)),
-    Mutant("causal_off_by_one", "causal mask lets query i see key i+1",
+    BuggyFlashSpec("causal_off_by_one", "causal mask lets query i see key i+1",
            ("causal_output_ignores_future_keys", "forward_matches_float64_reference")),
-    Mutant("drop_partial_tile", "the last partial key tile is never visited",
+    BuggyFlashSpec("drop_partial_tile", "the last partial key tile is never visited",
            ("forward_matches_float64_reference", "permuting_keys_and_values_together_leaves_output_unchanged")),
-    Mutant("scale_one_over_d", "default softmax scale 1/d instead of 1/sqrt(d)",
+    BuggyFlashSpec("scale_one_over_d", "default softmax scale 1/d instead of 1/sqrt(d)",
            ("forward_matches_float64_reference",)),
-    Mutant("lse_missing_max", "L = log(l) without the running max m",
+    BuggyFlashSpec("lse_missing_max", "L = log(l) without the running max m",
            ("logsumexp_is_row_logsumexp_and_at_least_row_max", "gradients_match_float64_reference")),
-    Mutant("backward_without_D", "dS = P * dP, missing the - D_i term (D = rowsum(dO * O))",
+    BuggyFlashSpec("backward_without_D", "dS = P * dP, missing the - D_i term (D = rowsum(dO * O))",
            ("gradients_match_float64_reference", "float64_gradcheck")),
-    Mutant("dk_missing_scale", "dK not multiplied by the softmax scale",
+    BuggyFlashSpec("dk_missing_scale", "dK not multiplied by the softmax scale",
            ("gradients_match_float64_reference", "float64_gradcheck")),
-    Mutant("causal_skip_needed_tile", "causal tile-skip stops one key short, skipping a needed key tile",
+    BuggyFlashSpec("causal_skip_needed_tile", "causal tile-skip stops one key short, skipping a needed key tile",
            ("forward_matches_float64_reference",)),
-    Mutant("fp16_accumulators", "running sum and O accumulator kept in fp16",
+    BuggyFlashSpec("fp16_accumulators", "running sum and O accumulator kept in fp16",
            ("forward_matches_float64_reference",)),
-    Mutant("unwritten_last_row", "the kernel never writes the last query row",
+    BuggyFlashSpec("unwritten_last_row", "the kernel never writes the last query row",
            ("forward_matches_float64_reference",)),
-    Mutant("no_final_normalisation", "O returned without dividing by the softmax denominator l",
+    BuggyFlashSpec("no_final_normalisation", "O returned without dividing by the softmax denominator l",
            ("constant_values_give_constant_output", "forward_matches_float64_reference")),
-    Mutant("batch_mixing", "every batch element attends to batch element 0's keys",
+    BuggyFlashSpec("batch_mixing", "every batch element attends to batch element 0's keys",
            ("batch_elements_are_independent", "forward_matches_float64_reference")),
-    Mutant("nondeterministic", "forward adds 1-ulp noise on some calls (e.g. an unordered atomic reduction)",
+    BuggyFlashSpec("nondeterministic", "forward adds 1-ulp noise on some calls (e.g. an unordered atomic reduction)",
            ("forward_is_bitwise_deterministic",)),
-    Mutant("saves_flattened_lse", "L saved as (B*H, N) instead of q.shape[:-1], breaking the CS336 contract",
+    BuggyFlashSpec("saves_flattened_lse", "L saved as (B*H, N) instead of q.shape[:-1], breaking the CS336 contract",
            ("spec:saves_one_logsumexp_of_query_shape",)),
 )
-MUTANTS = {m.name: m for m in MUTANT_LIST}
+MUTANTS = tuple(
+    Mutant(m.name, "attention", m.bug, m.caught_by, target=f"{__name__}:{m.name}", flavour="pytorch") for m in SPECS
+)
 
 # Every mutant as a module attribute, so `--target conformance.mutants.attention:no_rescale` works.
-globals().update({m.name: m.target() for m in MUTANT_LIST})
-correct = Mutant("correct", "no bug: the mutants' shared implementation with every switch off", ()).target()
+globals().update({m.name: m.target() for m in SPECS})
+correct = BuggyFlashSpec("correct", "no bug: the mutants' shared implementation with every switch off", ()).target()
 correct.get_flashattention_autograd_function_pytorch = (lambda fn=buggy_flash(frozenset()): fn)

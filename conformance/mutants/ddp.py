@@ -2,14 +2,14 @@
 
 Each mutant is a target (``--target conformance.mutants.ddp:<name>``) offering one DDP
 flavour; its wrapper is this project's own wrapper with one decision changed, so the
-bug is the only difference.  ``caught_by`` names the laws of ``properties.ddp_laws.LAWS``
-that must reject it (``properties/test_ddp_mutants.py`` checks that they do):
+bug is the only difference.  ``caught_by`` names the laws of ``conformance.laws.ddp.laws.LAWS``
+that must reject it (``conformance/selftests/test_ddp_mutants.py`` checks that they do):
 
     replicas_match  replicas bit-identical, and equal to one process on the whole batch
     no_sync         accumulation under no_sync(): silent, and equal to the concatenated batch
     layout          buckets partition the trainable parameters in reverse registration order
     overlap         a collective is issued while backward still produces gradients
-    spec:<case>     a fixed spec case of ``conformance.ddp_spec`` (two ranks)
+    spec:<case>     a fixed spec case of ``conformance.laws.ddp.spec`` (two ranks)
 
 Most bugs only show with two or more ranks; the mutant runner draws world sizes >= 2.
 """
@@ -25,6 +25,8 @@ import torch.distributed as dist
 
 from impl.ddp import BucketedDDP, OverlappedIndividualDDP, comm
 from impl.ddp.bucketed import MIB
+
+from conformance.lawbook import Mutant
 
 
 class MutantTarget:
@@ -248,14 +250,14 @@ _MUTANTS = {
 for _name, (_cls, _spec) in _MUTANTS.items():
     globals()[_name] = MutantTarget(_name, _spec.bug, _spec.caught_by, _spec.flavour, _cls)
 
-MUTANTS: dict[str, MutantTarget] = {name: globals()[name] for name in _MUTANTS}
-MUTANT_LIST = list(MUTANTS.values())
+TARGETS: dict[str, MutantTarget] = {name: globals()[name] for name in _MUTANTS}
+MUTANTS = tuple(Mutant(t.name, "DDP", t.bug, t.caught_by, target=t.spec, flavour=t.flavour) for t in TARGETS.values())
 
 
 def describe() -> str:
     """One line per mutant: name, flavour, bug, the laws that must catch it, and its class doc."""
     lines = []
-    for m in MUTANT_LIST:
+    for m in TARGETS.values():
         doc = " ".join(inspect.getdoc(m.wrapper).split())
         lines.append(f"{m.name} [{m.flavour}] {m.bug}; caught by {', '.join(m.caught_by)}: {doc}")
     return "\n".join(lines)

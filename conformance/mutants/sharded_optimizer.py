@@ -2,8 +2,8 @@
 
 Each mutant is ``impl.zero.optimizer.ShardedOptimizer`` with one classic bug, as a
 target: ``--target conformance.mutants.sharded_optimizer:no_sync_after_step``.  Each names
-the laws (``properties.sharded_optimizer_laws``) that exist to catch it;
-``conformance/test_sharded_optimizer_mutants.py`` checks that every one of them does.
+the laws (``conformance.laws.zero.laws``) that exist to catch it;
+``conformance/selftests/test_sharded_optimizer_mutants.py`` checks that every one of them does.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import torch
 
 from impl.zero.param_sync import BroadcastSync, NoSync
 from impl.zero.optimizer import ShardedOptimizer
+
+from conformance.lawbook import Mutant
 
 
 class NoSyncAfterStep(ShardedOptimizer):
@@ -131,7 +133,7 @@ class ZeroGradOnlyOwned(ShardedOptimizer):
 
 
 @dataclass(frozen=True)
-class Mutant:
+class BrokenOptimizer:
     name: str
     cls: type
     bug: str
@@ -142,39 +144,39 @@ class Mutant:
         return SimpleNamespace(get_sharded_optimizer=lambda params, optimizer_cls, **kw: cls(params, optimizer_cls, **kw), __name__=f"mutant:{self.name}")
 
 
-MUTANT_LIST = (
-    Mutant("no_sync_after_step", NoSyncAfterStep, "no parameter sync after the step", ("matches_unsharded_bit_for_bit",)),
-    Mutant("wrong_owner_broadcasts", WrongOwnerBroadcasts, "a non-owner broadcasts each parameter", ("matches_unsharded_bit_for_bit",)),
-    Mutant("sync_before_step", SyncBeforeStep, "sync runs before the local update", ("matches_unsharded_bit_for_bit",)),
-    Mutant(
+SPECS = (
+    BrokenOptimizer("no_sync_after_step", NoSyncAfterStep, "no parameter sync after the step", ("matches_unsharded_bit_for_bit",)),
+    BrokenOptimizer("wrong_owner_broadcasts", WrongOwnerBroadcasts, "a non-owner broadcasts each parameter", ("matches_unsharded_bit_for_bit",)),
+    BrokenOptimizer("sync_before_step", SyncBeforeStep, "sync runs before the local update", ("matches_unsharded_bit_for_bit",)),
+    BrokenOptimizer(
         "lossy_sync",
         LossySync,
         "parameters rounded to bf16 for the sync",
         ("matches_unsharded_bit_for_bit", "matches_float64_within_oracle_across_implementations"),
     ),
-    Mutant("state_for_every_parameter", StateForEveryParameter, "state kept for all parameters", ("state_bytes_at_most_a_share_plus_largest",)),
-    Mutant("everything_on_rank_zero", EverythingOnRankZero, "rank 0 owns everything", ("state_bytes_at_most_a_share_plus_largest",)),
-    Mutant("new_group_never_assigned", NewGroupNeverAssigned, "an added group is never assigned", ("add_param_group_mid_training_matches_unsharded",)),
-    Mutant(
+    BrokenOptimizer("state_for_every_parameter", StateForEveryParameter, "state kept for all parameters", ("state_bytes_at_most_a_share_plus_largest",)),
+    BrokenOptimizer("everything_on_rank_zero", EverythingOnRankZero, "rank 0 owns everything", ("state_bytes_at_most_a_share_plus_largest",)),
+    BrokenOptimizer("new_group_never_assigned", NewGroupNeverAssigned, "an added group is never assigned", ("add_param_group_mid_training_matches_unsharded",)),
+    BrokenOptimizer(
         "hyperparameters_not_propagated",
         HyperparametersNotPropagated,
         "param_groups edits never reach the shard",
         ("hyperparameter_edits_reach_every_shard",),
     ),
-    Mutant(
+    BrokenOptimizer(
         "consolidation_keeps_only_own_shard",
         ConsolidationKeepsOnlyOwnShard,
         "consolidated state holds one shard",
         ("consolidated_state_dict_is_a_plain_optimizers", "consolidated_state_dict_resumes_at_any_world_size"),
     ),
-    Mutant(
+    BrokenOptimizer(
         "load_ignores_saved_state",
         LoadIgnoresSavedState,
         "load_state_dict drops the state",
         ("per_rank_state_dict_round_trips", "consolidated_state_dict_resumes_at_any_world_size"),
     ),
-    Mutant("zero_grad_only_owned", ZeroGradOnlyOwned, "zero_grad leaves non-owned gradients", ("zero_grad_clears_every_gradient",)),
+    BrokenOptimizer("zero_grad_only_owned", ZeroGradOnlyOwned, "zero_grad leaves non-owned gradients", ("zero_grad_clears_every_gradient",)),
 )
-MUTANTS = {m.name: m for m in MUTANT_LIST}
+MUTANTS = tuple(Mutant(m.name, "sharded optimizer", m.bug, m.caught_by, target=f"{__name__}:{m.name}") for m in SPECS)
 
-globals().update({m.name: m.target() for m in MUTANT_LIST})
+globals().update({m.name: m.target() for m in SPECS})

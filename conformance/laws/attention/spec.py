@@ -35,8 +35,9 @@ import textwrap
 import torch
 
 from conformance import oracle
-from conformance.strategies import AttentionCase
-from properties.attention_laws import (
+from conformance.verdicts import NeedsHardware
+from conformance.laws.attention.strategies import AttentionCase
+from conformance.laws.attention.laws import (
     accepts_scale,
     call,
     forward_matches_float64_reference,
@@ -174,14 +175,10 @@ def bad_input_errors(attn, device):
 
 def different_devices_error(attn, device):
     if not torch.cuda.is_available():
-        raise _NeedsGPU("needs a GPU: tensors on two devices")
+        raise NeedsHardware("needs a GPU: tensors on two devices")
     q = torch.randn(2, 8, 16, device="cuda")
     k = torch.randn(2, 8, 16)
     _expect_error("tensors on different devices", (ValueError, TypeError), ["device"], lambda: attn.apply(q, k, k.clone()))
-
-
-class _NeedsGPU(Exception):
-    pass
 
 
 def cpu_tensor_to_triton_without_interpreter(target_spec: str):

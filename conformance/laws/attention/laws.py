@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
 from conformance import oracle
-from conformance.strategies import AttentionCase, Budget, attention_cases, boundary_cases, budget_for, tiny_float64_cases
+from conformance.lawbook import API, Law, by_name
+from conformance.laws.attention.magnitudes import attention_magnitudes
+from conformance.laws.attention.strategies import AttentionCase, Budget, attention_cases, boundary_cases, budget_for, tiny_float64_cases
 from impl.attention.reference import attention_reference
 
 
@@ -79,7 +80,7 @@ def references(case: AttentionCase, device, with_grads: bool) -> References:
     (q, k, v, do), (q64, k64, v64, do64) = case.make(device)
     ref = _eager_quantities(q64, k64, v64, do64, case, with_grads)
     eager = _eager_quantities(q.detach(), k.detach(), v.detach(), do, case, with_grads)
-    mags = oracle.attention_magnitudes(q64, k64, v64, do64, case.is_causal, case.softmax_scale, case.dtype)
+    mags = attention_magnitudes(q64, k64, v64, do64, case.is_causal, case.softmax_scale, case.dtype)
     return References(ref, eager, mags)
 
 
@@ -226,33 +227,27 @@ def float64_gradcheck(attn, case: AttentionCase, device):
 # ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Law:
-    check: Callable
-    cases: Callable[[Budget, bool], st.SearchStrategy]  # (budget, accepts_scale) -> strategy
-    flavours: tuple[str, ...] = ("pytorch", "triton")
-
-    @property
-    def name(self) -> str:
-        return self.check.__name__
-
-
 def _any(budget, custom):
     return attention_cases(budget, allow_custom_scale=custom)
 
 
+def _law(check, cases=_any, flavours=()):
+    # Random shapes, scales and layouts beyond the handout's fixed ones: the wider API tier.
+    return Law(check.__name__, "attention", API, cases, check, flavours=flavours, extra="random shapes, scales and layouts")
+
+
 LAWS = (
-    Law(forward_matches_float64_reference, _any),
-    Law(gradients_match_float64_reference, _any),
-    Law(permuting_keys_and_values_together_leaves_output_unchanged, lambda b, c: attention_cases(b, causal=False, allow_custom_scale=c)),
-    Law(causal_output_ignores_future_keys, lambda b, c: attention_cases(b, causal=True, allow_custom_scale=c)),
-    Law(batch_elements_are_independent, lambda b, c: attention_cases(b, allow_custom_scale=c, min_batch_elems=2)),
-    Law(constant_values_give_constant_output, _any),
-    Law(logsumexp_is_row_logsumexp_and_at_least_row_max, _any),
-    Law(forward_is_bitwise_deterministic, _any),
-    Law(float64_gradcheck, lambda b, c: tiny_float64_cases(), flavours=("pytorch",)),
+    _law(forward_matches_float64_reference),
+    _law(gradients_match_float64_reference),
+    _law(permuting_keys_and_values_together_leaves_output_unchanged, lambda b, c: attention_cases(b, causal=False, allow_custom_scale=c)),
+    _law(causal_output_ignores_future_keys, lambda b, c: attention_cases(b, causal=True, allow_custom_scale=c)),
+    _law(batch_elements_are_independent, lambda b, c: attention_cases(b, allow_custom_scale=c, min_batch_elems=2)),
+    _law(constant_values_give_constant_output),
+    _law(logsumexp_is_row_logsumexp_and_at_least_row_max),
+    _law(forward_is_bitwise_deterministic),
+    _law(float64_gradcheck, lambda b, c: tiny_float64_cases(), flavours=("pytorch",)),
 )
-LAWS_BY_NAME = {law.name: law for law in LAWS}
+LAWS_BY_NAME = by_name(LAWS)
 
 
 def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> None:

@@ -13,10 +13,11 @@ import textwrap
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conformance.target import NotOffered
-from properties import ddp_laws as laws
+from conformance.verdicts import NotOffered
+from conformance.laws.ddp import laws
+from conformance.laws.ddp.model import ModelSpec
 
-pytestmark = [pytest.mark.distributed, pytest.mark.capability("suite: ddp bucket layout reading")]
+pytestmark = pytest.mark.distributed
 
 TARGET = """
     import torch.nn as nn
@@ -46,7 +47,7 @@ TARGET = """
         pass
 """
 
-CASE = (laws.ModelSpec(2, (3,), 2), 1e-6, 1, 0)  # one parameter per bucket, one rank
+CASE = (ModelSpec(2, (3,), 2), 1e-6, 1, 0)  # one parameter per bucket, one rank
 
 
 def _target(tmp_path, name, shape):

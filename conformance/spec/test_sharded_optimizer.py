@@ -25,7 +25,7 @@ import torch
 from conformance import oracle
 from conformance.harness import available_world_sizes
 from conformance.target import load_target
-from properties.sharded_optimizer_laws import consolidated_state_dict, on_ranks
+from conformance.laws.zero.laws import consolidated_state_dict, on_ranks
 
 pytestmark = pytest.mark.distributed
 

@@ -38,7 +38,8 @@ from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
 from conformance import oracle
-from conformance.harness import RankFailure, available_world_sizes, pinned_world_size, run_on_ranks
+from conformance.lawbook import API, Law, by_name
+from conformance.harness import available_world_sizes, pinned_world_size, run_on_ranks
 from conformance.target import NotOffered, load_target
 from conformance.accounting import optimizer_state_bytes
 
@@ -461,14 +462,8 @@ def rank_float64_and_eager(ctx, target_spec: str, case: ShardingCase):
 
 
 def on_ranks(fn, world_size: int, *args, device):
-    """run_on_ranks, with a target's "not offered" on a rank reported as not offered here."""
-    try:
-        return run_on_ranks(fn, world_size, *args, timeout=CASE_TIMEOUT_S, device=device)
-    except RankFailure as exc:
-        if exc.exc_type == "NotOffered":
-            reason = str(exc).split("NotOffered:", 1)[-1].strip().splitlines()[0]
-            raise NotOffered(reason) from None
-        raise
+    """run_on_ranks with this capability's case timeout (a verdict on a rank is raised here)."""
+    return run_on_ranks(fn, world_size, *args, timeout=CASE_TIMEOUT_S, device=device)
 
 
 def _device_type(device) -> str:
@@ -608,17 +603,6 @@ def _schedule(case):
     return st.fixed_dictionaries({"schedule": st.sampled_from(["StepLR", "LambdaLR", "hand edit"])})
 
 
-@dataclass(frozen=True)
-class Law:
-    check: Callable
-    cases: Callable  # device -> strategy of ShardingCase
-    needs: tuple[str, ...] = ()  # protocol beyond the factory: "per_rank_state_dict", "consolidated_state_dict"
-
-    @property
-    def name(self) -> str:
-        return self.check.__name__
-
-
 def rank_probe(ctx, target_spec: str, needs: tuple[str, ...]):
     """Raise NotOffered (on one rank, before any Hypothesis example) if the target lacks
     the factory or a protocol the law needs."""
@@ -630,27 +614,46 @@ def rank_probe(ctx, target_spec: str, needs: tuple[str, ...]):
         consolidated_state_dict(optimizer, ctx.rank, to=0)
 
 
+def _law(check, cases, extra, needs=()):
+    return Law(check.__name__, "sharded optimizer", API, cases, check, needs=needs, extra=extra)
+
+
 LAWS = (
-    Law(matches_unsharded_bit_for_bit, lambda d: sharding_cases(d)),
-    Law(matches_float64_within_oracle_across_implementations, lambda d: sharding_cases(d, dtypes=(torch.float32,))),
+    _law(matches_unsharded_bit_for_bit, lambda d: sharding_cases(d), "random models, optimizers and groups"),
+    _law(
+        matches_float64_within_oracle_across_implementations,
+        lambda d: sharding_cases(d, dtypes=(torch.float32,)),
+        "float64 agreement across optimizers",
+    ),
     # every parameter gets a gradient: state exists for all of them, so the shares can balance
-    Law(state_bytes_at_most_a_share_plus_largest, lambda d: sharding_cases(d, min_params=2, missing=(0.0,))),
-    Law(per_rank_state_dict_round_trips, lambda d: sharding_cases(d, min_world_size=2, extra=_save_point), ("per_rank_state_dict",)),
-    Law(
+    _law(state_bytes_at_most_a_share_plus_largest, lambda d: sharding_cases(d, min_params=2, missing=(0.0,)), "state memory per rank"),
+    _law(
+        per_rank_state_dict_round_trips,
+        lambda d: sharding_cases(d, min_world_size=2, extra=_save_point),
+        "per-rank state dict",
+        ("per_rank_state_dict",),
+    ),
+    _law(
         consolidated_state_dict_is_a_plain_optimizers,
         lambda d: sharding_cases(d, extra=lambda c: st.just({"save_at": c.steps})),
+        "consolidated state dict",
         ("consolidated_state_dict",),
     ),
-    Law(
+    _law(
         consolidated_state_dict_resumes_at_any_world_size,
         lambda d: sharding_cases(d, min_world_size=2, extra=_save_and_resume(d)),
+        "resume at another world size",
         ("consolidated_state_dict",),
     ),
-    Law(add_param_group_mid_training_matches_unsharded, lambda d: sharding_cases(d, min_params=2, min_groups=2, extra=_add_point)),
-    Law(hyperparameter_edits_reach_every_shard, lambda d: sharding_cases(d, min_world_size=2, extra=_schedule)),
-    Law(zero_grad_clears_every_gradient, lambda d: sharding_cases(d, min_world_size=2)),
+    _law(
+        add_param_group_mid_training_matches_unsharded,
+        lambda d: sharding_cases(d, min_params=2, min_groups=2, extra=_add_point),
+        "add_param_group",
+    ),
+    _law(hyperparameter_edits_reach_every_shard, lambda d: sharding_cases(d, min_world_size=2, extra=_schedule), "schedulers"),
+    _law(zero_grad_clears_every_gradient, lambda d: sharding_cases(d, min_world_size=2), "zero_grad"),
 )
-LAWS_BY_NAME = {law.name: law for law in LAWS}
+LAWS_BY_NAME = by_name(LAWS)
 
 
 def check_law(law: Law, target_spec: str, device, **settings_overrides) -> None:

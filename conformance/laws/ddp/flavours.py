@@ -12,7 +12,7 @@ A training step drives them in the adapter call sequence
     on_train_batch_start -> forward -> backward -> on_after_backward -> optimizer.step
 
 A factory that is missing or raises NotImplementedError makes the flavour "not offered"
-(``conformance.target.NotOffered``).
+(``conformance.verdicts.NotOffered``).
 """
 
 from __future__ import annotations
@@ -48,16 +48,3 @@ def flavour_api(target, flavour: str) -> FlavourAPI:
         make = target.factory("get_ddp")
         return FlavourAPI(flavour, lambda m, b: make(m), target.factory("ddp_on_after_backward"))
     raise ValueError(f"unknown DDP flavour {flavour!r}; expected one of {FLAVOURS}")
-
-
-def not_offered_result(exc: Exception) -> dict:
-    """What a rank returns when the flavour (or a piece of it) is not offered."""
-    return {"not_offered": str(exc)}
-
-
-def raise_if_not_offered(results: list) -> None:
-    from conformance.target import NotOffered
-
-    for r in results:
-        if isinstance(r, dict) and "not_offered" in r:
-            raise NotOffered(r["not_offered"])

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from conformance import harness
-from conformance.target import NotOffered
+from conformance.verdicts import NotOffered
 from conformance.harness import (
     NotEnoughDevices,
     RankContext,
@@ -33,7 +33,7 @@ from conformance.harness import (
 
 pytestmark = pytest.mark.distributed
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # --- case functions (run on the ranks) ------------------------------------------------
@@ -117,6 +117,12 @@ def not_offered_on_rank_0(ctx: RankContext):
     if ctx.rank == 0:
         raise NotOffered("target 'x' has no get_ddp()")
     return ctx.rank
+
+
+def not_offered_on_rank_0_wrong_on_rank_1(ctx: RankContext):
+    if ctx.rank == 0:
+        raise NotOffered("target 'x' has no get_ddp()")
+    raise AssertionError("rank 1 computed a wrong answer")
 
 
 # --- results ----------------------------------------------------------------------------
@@ -322,9 +328,14 @@ def test_a_rank_that_dies_is_reported_with_its_exit_code(rank_device):
 def test_not_offered_on_every_rank_is_not_offered_in_the_parent():
     with pytest.raises(NotOffered, match="has no get_ddp"):
         run_on_ranks(not_offered_everywhere, 2, timeout=20, device="cpu")
-    with pytest.raises(RankFailure, match="rank 0 raised NotOffered") as info:
+
+
+def test_a_verdict_on_one_rank_is_that_verdict_in_the_parent_unless_another_rank_failed():
+    with pytest.raises(NotOffered, match="has no get_ddp"):
         run_on_ranks(not_offered_on_rank_0, 2, timeout=20, device="cpu")
-    assert info.value.exc_type == "NotOffered" and "has no get_ddp" in info.value.exc_message
+    with pytest.raises(RankFailure, match="rank 1 raised AssertionError") as info:
+        run_on_ranks(not_offered_on_rank_0_wrong_on_rank_1, 2, timeout=20, device="cpu")
+    assert "rank 0 raised verdict:NotOffered" in str(info.value)
 
 
 def test_an_interrupted_case_tears_the_pool_down(monkeypatch):
@@ -422,7 +433,7 @@ _ORPHAN_SCRIPT = textwrap.dedent(
     import os, sys
     sys.path.insert(0, {repo!r})
     from conformance.harness import run_on_ranks
-    from conformance.test_harness import identity
+    from conformance.selftests.test_harness import identity
     pids = [r[4] for r in run_on_ranks(identity, 2, timeout=60, device="cpu")]
     print(" ".join(map(str, pids)), flush=True)
     os.kill(os.getpid(), 9)  # the parent dies without any cleanup
@@ -464,7 +475,7 @@ def test_the_same_case_runs_under_torchrun():
     env = dict(os.environ, SUITE_DEVICE="cpu", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = _network_isolation_prefix() + [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "conformance.harness_torchrun", "conformance.test_harness:rank_and_sum", "[3]", '{"scale": 2}',
+        "-m", "conformance.harness_torchrun", "conformance.selftests.test_harness:rank_and_sum", "[3]", '{"scale": 2}',
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, start_new_session=True)
     try:

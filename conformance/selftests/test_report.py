@@ -15,17 +15,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance.report import NEVER_REPORTED, ConformanceReport, capability_of_nodeid
+from conformance.capabilities import SELF, capability_of_nodeid
+from conformance.report import NEVER_REPORTED, ConformanceReport
 
 pytest_plugins = ["pytester"]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CAUSAL = [f"properties/test_attention.py::test_attention_law[triton-causal_{x}]" for x in "abc"]
 
 
 def _report(nodeid, outcome, when="call", labelled=True, longrepr=None):
-    props = [("capability", capability_of_nodeid(nodeid))] if labelled else []
+    """A test report as xdist hands it to the controller (a crashed worker's has no properties)."""
+    props = [("worker", "gw0")] if labelled else []
     return pytest.TestReport(nodeid, (nodeid, None, nodeid), {}, outcome, longrepr, when, user_properties=props)
 
 
@@ -43,17 +45,44 @@ def _row(report, capability):
     [
         ("properties/test_attention.py::test_attention_law[triton-causal_output_ignores_future_keys]", "attention triton causal"),
         ("properties/test_attention.py::test_attention_law[pytorch-float64_gradcheck]", "attention pytorch backward"),
-        ("conformance/test_attention_spec.py::test_cs336_contract[pytorch-cs336_noncausal_forward_backward]", "attention pytorch backward"),
-        ("conformance/test_report.py::test_a_node_id_alone_names_its_capability", "suite: report"),
-        ("properties/test_triton_configs.py::test_every_config_computes_the_same_attention", "attention triton forward"),
-        ("properties/test_ddp.py::test_buckets_partition_x[impl-naive]", "DDP impl-naive"),
-        ("conformance/test_ddp_spec.py::test_spec_case[bucketed-toy_training]", "DDP bucketed"),
-        ("conformance/test_ddp_spec.py::test_impl_bucketed_rejects_a_bad_bucket_size[0-ValueError-positive]", "DDP"),
+        ("conformance/spec/test_attention.py::test_cs336_contract[pytorch-cs336_noncausal_forward_backward]", "attention pytorch backward"),
+        ("conformance/selftests/test_report.py::test_a_node_id_alone_names_its_capability", SELF),
+        ("properties/test_triton_configs.py::test_every_config_computes_the_same_attention", SELF),
+        ("properties/test_ddp.py::test_buckets_partition_x[impl-naive]", SELF),
+        ("conformance/spec/test_ddp.py::test_spec_case[bucketed-toy_training]", "DDP bucketed"),
+        ("conformance/selftests/test_ddp_spec_self.py::test_impl_bucketed_rejects_a_bad_bucket_size[0-ValueError-positive]", SELF),
+        ("properties/test_sharded_optimizer.py::test_greedy_assignment_depends_only_on_sizes", SELF),
         ("properties/test_sharded_optimizer.py::test_sharded_optimizer_law[per_rank_state_dict_round_trips]", "sharded optimizer"),
     ],
 )
 def test_a_node_id_alone_names_its_capability(nodeid, capability):
     assert capability_of_nodeid(nodeid) == capability
+
+
+def test_a_module_outside_the_table_is_an_error_not_another_row():
+    """Moving a check's file cannot move it to another row: its new module is unknown."""
+    with pytest.raises(KeyError, match="not in the capability table"):
+        capability_of_nodeid("properties/moved/test_attention.py::test_attention_law[triton-causal_x]")
+
+
+def test_collecting_a_module_outside_the_table_stops_the_run(pytester, monkeypatch):
+    """A check moved to another file in a copy of the tree: the run stops at collection
+    naming the module, rather than report it under a capability read from its path."""
+    pytester.makepyfile(test_attention_moved="def test_law():\n    pass\n")
+    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = pytester.runpytest_subprocess("-p", "conformance.report", "-p", "no:cacheprovider", "-p", "no:xdist")
+    assert result.ret != 0
+    assert "not in the capability table" in result.stderr.str() + result.stdout.str()
+    assert "test_attention_moved" in result.stderr.str() + result.stdout.str()
+
+
+def test_self_checks_never_enter_a_targets_report():
+    report = _controller()
+    ids = ["conformance/selftests/test_harness.py::test_x", "properties/test_ddp.py::test_y[impl-naive]"]
+    report.pytest_xdist_node_collection_finished(node=None, ids=ids)
+    for nodeid in ids:
+        report.pytest_runtest_logreport(_report(nodeid, "passed"))
+    assert report.as_json()["capabilities"] == [] and report.as_json()["collected"] == 0
 
 
 def test_a_crashed_worker_report_without_a_label_fails_its_capability():
@@ -91,6 +120,11 @@ def test_a_capability_whose_checks_all_reported_still_conforms():
     assert _row(report, "attention triton causal")["status"] == "conforms"
 
 
+REGISTER_INNER = """
+from conformance import capabilities
+capabilities.register("test_attention_inner", capabilities.attention)
+"""
+
 INNER = """
     import os
     import pytest
@@ -106,6 +140,7 @@ INNER = """
 def test_a_run_whose_worker_crashes_reports_fails_not_conforms(pytester, monkeypatch):
     """End to end under xdist: one check passes, one crashes its worker, one never runs."""
     pytester.makepyfile(test_attention_inner=textwrap.dedent(INNER))
+    pytester.makeconftest(REGISTER_INNER)
     monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     result = pytester.runpytest_subprocess(
         "-p", "conformance.report", "-p", "xdist", "-n", "1", "--max-worker-restart=0", "-p", "no:cacheprovider",
@@ -136,6 +171,7 @@ def test_a_run_stopped_early_reports_the_checks_it_never_ran(pytester, monkeypat
             """
         )
     )
+    pytester.makeconftest(REGISTER_INNER)
     monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     result = pytester.runpytest_subprocess("-p", "conformance.report", "-x", "-p", "no:cacheprovider", "-p", "no:xdist")
     out = result.stdout.str()

@@ -18,11 +18,11 @@ import textwrap
 import pytest
 import torch
 
-from conformance import attention_spec as spec
+from conformance.laws.attention import spec
 from conformance.refusals import gpu_refusal, not_implemented_refusal
 from conformance.target import load_target
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TARGETS = """
     import torch
@@ -121,7 +121,7 @@ def test_a_cuda_only_triton_flavour_is_reported_not_run_here(targets, tmp_path):
     """End to end: the spec run reports the Triton rows "not run here", not FAILS."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance/test_attention_spec.py", "--target", targets.spec,
+        [sys.executable, "-m", "pytest", "conformance/spec/test_attention.py", "--target", targets.spec,
          "-k", "triton and cs336_noncausal", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-rs"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
     ).stdout
@@ -160,7 +160,7 @@ def test_an_unwritten_backward_is_reported_not_offered(targets, tmp_path):
     )
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance/test_attention_spec.py", "--target", str(adapters),
+        [sys.executable, "-m", "pytest", "conformance/spec/test_attention.py", "--target", str(adapters),
          "-k", "pytorch and cs336_noncausal", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-rs"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
     ).stdout

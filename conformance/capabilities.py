@@ -1,0 +1,160 @@
+"""The capability table: which capability (and tier) every check belongs to.
+
+A check is a test; its node id is ``path/to/module.py::test_name[param-id]``.  The module's
+dotted name is looked up in ``MODULES``, explicitly; the entry says how the capability
+follows from the test's name and parameter id (the attention flavour and law, the DDP
+flavour).  A test module that is not in the table is a collection error
+(``check_collected``), so moving or renaming a file can never silently move a check to
+another row of a report: the table has to be edited with it.
+
+Self-checks (``SELF``) check the suite or ``impl``'s internals, not the target: they run
+with the tests and never appear in a target's report.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+SELF = "self-check"
+
+BACKWARD_LAWS = ("gradients", "gradcheck", "backward")
+_ATTENTION_FLAVOUR = re.compile(r"(pytorch|triton)(?:-|$)")
+_DDP_FLAVOUR = re.compile(r"(individual|bucketed|ddp2026)(?:-|$)")
+
+
+@dataclass(frozen=True)
+class Check:
+    """What the table knows of one test from its node id."""
+
+    module: str  # dotted module name
+    func: str  # test function name
+    params: str  # the parametrization id, "" if none
+
+
+def parse_nodeid(nodeid: str) -> Check:
+    path, _, rest = nodeid.partition("::")
+    name = rest.split("::")[-1]
+    func, _, params = name.partition("[")
+    module = path.removesuffix(".py").replace("/", ".").replace("\\", ".")
+    return Check(module, func, params.removesuffix("]"))
+
+
+# --- rules: (check) -> capability ----------------------------------------------------------
+
+
+def fixed(capability: str, self_checks: tuple[str, ...] = ()) -> Callable[[Check], str]:
+    """One capability for the module; the named test functions are self-checks."""
+    return lambda c: SELF if c.func in self_checks else capability
+
+
+def attention(c: Check, default_flavour: str = "pytorch") -> str:
+    """``attention <flavour> <part>``: the flavour leads the parameter id; the part is
+    causal, backward or forward by the law's name."""
+    m = _ATTENTION_FLAVOUR.match(c.params)
+    if m:
+        flavour, law = m.group(1), c.params[m.end():]
+    else:
+        flavour, law = ("triton" if "triton" in c.func or "triton" in c.module else default_flavour), c.params
+    law = law or c.func
+    if "causal" in law and "non" not in law:
+        part = "causal"
+    elif any(word in law for word in BACKWARD_LAWS):
+        part = "backward"
+    else:
+        part = "forward"
+    return f"attention {flavour} {part}"
+
+
+def ddp(c: Check) -> str:
+    """``DDP <flavour>``: the flavour leads the parameter id; ``impl-<wrapper>`` ids check
+    impl's own wrappers (self-checks)."""
+    if c.params.startswith("impl-"):
+        return SELF
+    m = _DDP_FLAVOUR.match(c.params)
+    return f"DDP {m.group(1)}" if m else "DDP"
+
+
+# --- the table -----------------------------------------------------------------------------
+
+MODULES: dict[str, Callable[[Check], str]] = {
+    # spec cases: the main job (python -m conformance)
+    "conformance.spec.test_attention": attention,
+    "conformance.spec.test_ddp": ddp,
+    "conformance.spec.test_sharded_optimizer": fixed("sharded optimizer"),
+    # properties
+    "properties.test_attention": lambda c: SELF if c.func == "test_bf16_is_checked_where_it_can_run" else attention(c),
+    # impl's own Triton tile configurations and their patched-helper mutants: no target has them
+    "properties.test_triton_configs": fixed(SELF),
+    "properties.test_ddp": ddp,
+    "properties.test_sharded_optimizer": fixed(
+        "sharded optimizer",
+        self_checks=(
+            "test_impl_sync_variant_obeys_law",
+            "test_greedy_assignment_load_is_at_most_mean_plus_largest",
+            "test_greedy_assignment_depends_only_on_sizes",
+            "test_rounds_cover_each_owned_parameter_once_in_order",
+            "test_world_size_one_runs_without_a_process_group",
+            "test_bad_construction_is_a_clear_error",
+            "test_ranks_that_disagree_all_raise_instead_of_hanging",
+            "test_mixed_parameter_dtypes_match_unsharded",
+        ),
+    ),
+    # capabilities beyond the two course releases' attention and DDP
+    "properties.test_fsdp": fixed("FSDP"),
+    "conformance.spec.test_fsdp": fixed("FSDP"),
+    "properties.test_context_parallel": fixed("context parallel"),
+    "conformance.spec.test_context_parallel": fixed("context parallel"),
+    "properties.test_tensor_parallel": fixed("tensor parallel"),
+    "conformance.spec.test_tensor_parallel": fixed("tensor parallel"),
+    "properties.test_pipeline": fixed("pipeline parallel"),
+    "conformance.spec.test_pipeline": fixed("pipeline parallel"),
+}
+
+# Packages whose every module is a self-check (the suite's and perf's own tests).
+SELF_PACKAGES = ("conformance.selftests", "perf.tests", "perf")
+
+
+def register(module: str, rule: Callable[[Check], str]) -> None:
+    """Add a module to the table (for a new capability's test modules)."""
+    if module in MODULES:
+        raise ValueError(f"{module} is already in the capability table")
+    MODULES[module] = rule
+
+
+def _self_package(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in SELF_PACKAGES)
+
+
+def capability_of_nodeid(nodeid: str) -> str:
+    """The capability of the check with this node id (``SELF`` for a self-check).
+
+    KeyError for a module the table does not know (``check_collected`` turns that into a
+    collection error naming the module)."""
+    c = parse_nodeid(nodeid)
+    if c.module in MODULES:
+        return MODULES[c.module](c)
+    if _self_package(c.module):
+        return SELF
+    raise KeyError(f"test module {c.module!r} is not in the capability table (conformance/capabilities.py)")
+
+
+def is_self_check(nodeid: str) -> bool:
+    try:
+        return capability_of_nodeid(nodeid) == SELF
+    except KeyError:
+        return False
+
+
+def unknown_modules(nodeids) -> list[str]:
+    """The test modules among ``nodeids`` that the table does not know."""
+    missing = []
+    for nodeid in nodeids:
+        try:
+            capability_of_nodeid(nodeid)
+        except KeyError:
+            module = parse_nodeid(nodeid).module
+            if module not in missing:
+                missing.append(module)
+    return missing

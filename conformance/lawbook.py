@@ -1,0 +1,80 @@
+"""The two types every capability's checks are written in: ``Law`` and ``Mutant``.
+
+A ``Law`` is a property every implementation of a capability must have::
+
+    Law(
+        name="replicas_are_bit_identical_and_match_one_process",
+        capability="DDP",                  # a family of conformance.capabilities
+        tier=CONTRACT,                     # or API, with ``extra`` naming the extra
+        cases=training_cases,              # (**options) -> a Hypothesis strategy of cases
+        check=replicas_match,              # (subject, case) -> None; AssertionError if broken
+        needs=("2 ranks",),                # what a run needs to be able to fail it
+    )
+
+``subject`` is what the capability's laws are checked against: a target spec (a string
+the rank processes load again) for distributed capabilities, an object (an
+autograd.Function class) for attention.  ``check`` raises ``AssertionError`` (the oracle's,
+the harness's ``RankFailure``/``RankTimeout``) when the implementation breaks the law,
+and a verdict (``conformance.verdicts``) when the law cannot be checked on it here.
+
+Tiers.  The contract tier (``CONTRACT``) is exactly what the course handout and its tests
+ask: its laws draw contract cases only.  The wider API (``API``) names each extra
+(``extra="4-D inputs"``) as a check of its own.  An extra never stops or hides a contract
+check: they are separate laws, run as separate tests.
+
+A ``Mutant`` is a kept broken implementation: a target offering one capability with one
+decision changed, and the names of the laws that must reject it.  One parametrised
+self-test (``conformance/selftests/test_mutants.py``) runs every mutant against every law
+named in its ``caught_by`` and fails if the mutant survives; the same runs against the
+unbroken implementation must pass (the control).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+CONTRACT = "contract"
+API = "api"
+TIERS = (CONTRACT, API)
+
+
+@dataclass(frozen=True)
+class Law:
+    name: str
+    capability: str
+    tier: str
+    cases: Callable[..., Any]  # (**options) -> SearchStrategy
+    check: Callable[..., None]  # (subject, case) -> None
+    needs: tuple[str, ...] = ()
+    extra: str = ""  # API tier: the extra, as a report names it ("4-D inputs")
+    flavours: tuple[str, ...] = ()  # the flavours it applies to (empty: every flavour)
+    doc: str = ""
+
+    def __post_init__(self):
+        if self.tier not in TIERS:
+            raise ValueError(f"law {self.name}: tier must be one of {TIERS}, got {self.tier!r}")
+        if self.tier == API and not self.extra:
+            raise ValueError(f"law {self.name}: an API-tier law names its extra")
+        if not self.doc and self.check.__doc__:
+            object.__setattr__(self, "doc", self.check.__doc__.strip().splitlines()[0])
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    capability: str
+    bug: str  # one line: what is broken
+    caught_by: tuple[str, ...]  # names of the laws (or spec cases) that must reject it
+    target: str  # a target spec that loads the mutant: "conformance.mutants.fsdp:sum_not_mean"
+    flavour: str = ""  # for capabilities with flavours (attention, DDP)
+    options: dict = field(default_factory=dict)  # anything the capability's runner needs
+
+
+def by_name(laws) -> dict[str, Law]:
+    table = {}
+    for law in laws:
+        if law.name in table:
+            raise ValueError(f"two laws named {law.name!r}")
+        table[law.name] = law
+    return table

@@ -1,0 +1,89 @@
+"""The oracle's yardstick for attention: the magnitudes of the terms summed into each
+output and gradient element (the rounding floor ``conformance.oracle`` adds), and the
+calibration that shows the tiled PyTorch FlashAttention-2 sits well inside the bound.
+
+``python -m conformance.laws.attention.magnitudes`` prints the calibration.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conformance import oracle
+from impl.attention.reference import attention_reference, attention_scores, causal_mask, default_scale
+
+
+def attention_magnitudes(q, k, v, grad_o, is_causal: bool, scale: float, dtype=None) -> dict[str, torch.Tensor]:
+    """Float64 magnitudes of the terms summed into each attention output and gradient.
+
+        |S| ~ scale |Q| |K|^T         O = P V         ->  mag_O  = P |V|
+        L = max S + log sum exp(...)                   ->  mag_L  = |L| + max_j scale (|Q| |K|^T)_ij
+        dS = P * (dO V^T - D),  D = rowsum(dO * O)     ->  mag_dS = P' * (|dO| |V|^T + rowsum|dO * O|)
+        dQ = scale dS K,  dK = scale dS^T Q,  dV = P'^T dO  (magnitudes with |.| inside)
+
+    Backward recomputes P = exp(S - L) from the saved float32 L (the FlashAttention-2
+    contract), so the exponent carries an absolute rounding error of about
+    eps32 (|S| + |L|): P' = P (1 + (eps32 / eps) (|S| + |L|)) folds that in, expressed in
+    units of the tested dtype's eps (``dtype``, default float32).
+    """
+    q, k, v, do = (t.detach().to(torch.float64) for t in (q, k, v, grad_o))  # on their device (GPU float64 is fast)
+    s = attention_scores(q, k, is_causal, scale)
+    p = torch.softmax(s, dim=-1)
+    o = p @ v
+    mag_s = scale * (q.abs() @ k.abs().transpose(-1, -2))
+    if is_causal:
+        mag_s = mag_s.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), 0.0)
+    lse = torch.logsumexp(s, dim=-1)
+    exp_arg_ulps = oracle.eps(torch.float32) / oracle.eps(dtype or torch.float32)
+    p_recomputed = p * (1 + exp_arg_ulps * (mag_s + lse.abs()[..., None]))
+    mag_ds = p_recomputed * (do.abs() @ v.abs().transpose(-1, -2) + (do * o).abs().sum(-1, keepdim=True))
+    return {
+        "O": p @ v.abs(),
+        "L": lse.abs() + mag_s.amax(dim=-1),
+        "dQ": scale * (mag_ds @ k.abs()),
+        "dK": scale * (mag_ds.transpose(-1, -2) @ q.abs()),
+        "dV": p_recomputed.transpose(-1, -2) @ do.abs(),
+    }
+
+
+def _calibrate() -> None:  # pragma: no cover - a measurement script, not a test
+    """Print how close the tiled PyTorch FA2 comes to the bound: max over elements of
+    (|err| - floor) / eager error.  FACTOR must sit well above what correct code reaches."""
+    from impl.attention.flash_pytorch import FlashAttentionPytorch
+
+    g = torch.Generator().manual_seed(0)
+    worst: dict[str, float] = {}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for trial in range(40):
+            n_q, n_k = (int(x) for x in torch.randint(1, 150, (2,), generator=g))
+            d, causal = 64, bool(trial % 2)
+            q, k, v = (torch.randn(2, n, d, generator=g, dtype=torch.float64) for n in (n_q, n_k, n_k))
+            do = torch.randn(2, n_q, d, generator=g, dtype=torch.float64)
+            low = [t.to(dtype) for t in (q, k, v, do)]
+            q, k, v, do = (t.double() for t in low)  # the reference sees the rounded inputs
+            ref = _fwd_bwd(attention_reference, q, k, v, do, causal)
+            eager = _fwd_bwd(attention_reference, *low, causal)
+            tiled = _fwd_bwd(FlashAttentionPytorch.apply, *low, causal)
+            mags = attention_magnitudes(q, k, v, do, causal, default_scale(d), dtype)
+            for key in ref:
+                e = oracle.max_abs_error(eager[key], ref[key])
+                diff = (tiled[key].double() - ref[key]).abs()
+                excess = float((diff - oracle.FLOOR_ULPS * oracle.eps(dtype) * mags[key]).max())
+                ratio = max(excess, 0.0) / max(e, 1e-300)
+                name = f"{str(dtype).replace('torch.', '')} {key}"
+                worst[name] = max(worst.get(name, 0.0), ratio)
+    for key, ratio in sorted(worst.items()):
+        print(f"{key:16s} worst (|err| - floor) / eager error = {ratio:.2f}")
+
+
+def _fwd_bwd(fn, q, k, v, do, causal):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v, causal)
+    o = out[0] if isinstance(out, tuple) else out
+    lse = out[1] if isinstance(out, tuple) else o.grad_fn.saved_tensors[-1]
+    o.backward(do)
+    return {"O": o.detach(), "L": lse.detach(), "dQ": q.grad, "dK": k.grad, "dV": v.grad}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _calibrate()

@@ -1,0 +1,36 @@
+"""Running an attention law (or spec check) against a kept mutant, for a verdict only.
+
+``rejection(law_name, target_spec, max_examples, flavour)`` returns the first line of the
+failure, or None when the target passes.  A bounded number of examples, no shrinking: a
+verdict, not a minimal counterexample.  ``CONTROL`` is the mutants' shared implementation
+with every bug switched off: it must pass the same runs, so a rejection is the bug's doing.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import Phase
+
+from conformance.harness import resolve_device
+from conformance.laws.attention import spec
+from conformance.laws.attention.laws import LAWS_BY_NAME, check_law
+from conformance.target import load_target
+
+CONTROL = "conformance.mutants.attention:correct"
+DEFAULT_EXAMPLES = 40  # enough that each bug's triggering shapes are drawn
+SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None)
+
+
+def rejection(law_name: str, target_spec: str, max_examples: int, flavour: str = "pytorch") -> str | None:
+    attn = load_target(target_spec).attention(flavour or "pytorch")
+    device = torch.device(resolve_device())
+    try:
+        if law_name.startswith("spec:"):
+            spec.SPEC_CHECKS[law_name.removeprefix("spec:")](attn, device)
+        else:
+            check_law(LAWS_BY_NAME[law_name], attn, device, flavour or "pytorch", max_examples=max_examples, **SETTINGS)
+    except AssertionError as exc:
+        return str(exc).splitlines()[0]
+    except Exception as exc:  # noqa: BLE001 - a crash rejects too, but says so
+        return f"crashed: {type(exc).__name__}: {exc}"
+    return None

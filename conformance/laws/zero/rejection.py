@@ -1,0 +1,29 @@
+"""Running a sharded-optimizer law against a kept mutant, for a verdict only.
+
+``rejection(law_name, target_spec, max_examples)``: the first line of the failure, or None.
+Derandomised, no shrinking.  ``CONTROL`` (impl) must pass the same runs.  A sharding bug
+needs two ranks to show: ``NEEDS_RANKS`` tells the mutant self-test to report a survivor as
+not run where only one rank can run (one GPU, ``--world-size 1``).
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import Phase
+
+from conformance.harness import resolve_device
+from conformance.laws.zero.laws import LAWS_BY_NAME, check_law
+
+CONTROL = "impl"
+DEFAULT_EXAMPLES = 10
+NEEDS_RANKS = 2
+SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
+
+
+def rejection(law_name: str, target_spec: str, max_examples: int, flavour: str = "") -> str | None:
+    device = torch.device(resolve_device())
+    try:
+        check_law(LAWS_BY_NAME[law_name], target_spec, device, max_examples=max_examples, **SETTINGS)
+    except AssertionError as exc:  # RankFailure and RankTimeout are AssertionErrors too
+        return str(exc).splitlines()[0]
+    return None

@@ -1,0 +1,27 @@
+"""Self-checks of the attention spec's tiers (not part of any target's report)."""
+
+import pytest
+
+from conformance.laws.attention import spec
+
+
+class _IgnoresIsCausal:
+    """impl's PyTorch flavour as the handout allows a student's to be: is_causal accepted, ignored."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def apply(self, q, k, v, is_causal=False):
+        return self.fn.apply(q, k, v, False)
+
+
+def test_the_cs336_tier_lets_the_pytorch_flavour_ignore_is_causal(device):
+    from conformance.target import load_target
+
+    attn = _IgnoresIsCausal(load_target("impl").attention("pytorch"))
+    for check in spec.CS336["pytorch"]:
+        check(attn, device)
+    for check in (spec.is_causal_defaults_to_false, spec.cs336_causal_forward_backward):
+        assert check in spec.API["pytorch"] and check in spec.CS336["triton"]
+        with pytest.raises(AssertionError):
+            check(attn, device)

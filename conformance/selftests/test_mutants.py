@@ -1,0 +1,112 @@
+"""The suite has teeth: every kept mutant is rejected by each law named for it.
+
+A kept mutant (``conformance.lawbook.Mutant``) is a target with one decision changed from
+a correct implementation, and ``caught_by`` names the laws (or ``spec:<case>`` spec cases)
+that must reject it.  For every (mutant, law) pair the law runs against the mutant with a
+bounded number of examples and no shrinking; a mutant that passes fails this test.  The
+control: the unbroken implementation passes exactly the same runs, so a rejection is the
+bug's doing, not a broken pool or a law that fails everything.  And every law of every
+capability has at least one mutant it is shown to reject.
+
+Each capability's laws package runs its own laws (``rejection(law_name, target_spec,
+max_examples, flavour)``), with its own example budget (``DEFAULT_EXAMPLES``), control
+target (``CONTROL``) and the ranks its bugs need to show (``NEEDS_RANKS``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from conformance.harness import available_world_sizes, pinned_world_size, resolve_device
+from conformance.profiles import examples
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# mutants module -> (the module that runs its capability's laws, the module that lists them)
+KEPT = {
+    "conformance.mutants.attention": ("conformance.laws.attention.rejection", "conformance.laws.attention.laws"),
+    "conformance.mutants.ddp": ("conformance.laws.ddp.rejection", "conformance.laws.ddp.laws"),
+    "conformance.mutants.sharded_optimizer": ("conformance.laws.zero.rejection", "conformance.laws.zero.laws"),
+    "conformance.mutants.fsdp": ("conformance.laws.fsdp.laws", "conformance.laws.fsdp.laws"),
+    "conformance.mutants.context_parallel": ("conformance.laws.context_parallel.laws", "conformance.laws.context_parallel.laws"),
+    "conformance.mutants.tensor_parallel": ("conformance.laws.tensor_parallel.laws", "conformance.laws.tensor_parallel.laws"),
+    "conformance.mutants.pipeline": ("conformance.laws.pipeline.laws", "conformance.laws.pipeline.laws"),
+}
+MIN_MUTANTS = {"attention": 10, "DDP": 8, "sharded optimizer": 6}
+
+
+def _exists(module: str) -> bool:
+    return (ROOT / (module.replace(".", "/") + ".py")).exists()
+
+
+def kept_modules():
+    """The mutants modules present in this tree (a capability not built yet has none)."""
+    return [m for m in KEPT if _exists(m)]
+
+
+def _mutants():
+    return [mutant for module in kept_modules() for mutant in importlib.import_module(module).MUTANTS]
+
+
+def _runner(mutant_module: str):
+    return importlib.import_module(KEPT[mutant_module][0])
+
+
+def _runner_of(mutant):
+    for module in kept_modules():
+        if mutant in importlib.import_module(module).MUTANTS:
+            return _runner(module)
+    raise LookupError(mutant.name)
+
+
+def _run(runner, law: str, target_spec: str, flavour: str) -> str | None:
+    budget = examples(getattr(runner, "DEFAULT_EXAMPLES", 12))
+    if flavour:
+        return runner.rejection(law, target_spec, budget, flavour=flavour)
+    return runner.rejection(law, target_spec, budget)
+
+
+def _skip_unless_enough_ranks(runner, what: str) -> None:
+    """A bug that needs N ranks to show survives where fewer can run: not run, not failed."""
+    needs = getattr(runner, "NEEDS_RANKS", 1)
+    ranks = pinned_world_size() or max(available_world_sizes(resolve_device()))
+    if ranks < needs:
+        pytest.skip(f"needs {needs} ranks: {what} cannot show with {ranks} rank(s) here")
+
+
+PAIRS = [pytest.param(m, law, id=f"{m.capability}-{m.name}-{law}") for m in _mutants() for law in m.caught_by]
+
+
+@pytest.mark.parametrize("mutant, law", PAIRS)
+def test_every_kept_mutant_is_rejected_by_each_law_named_for_it(mutant, law):
+    runner = _runner_of(mutant)
+    _skip_unless_enough_ranks(runner, f"mutant {mutant.name!r}")
+    verdict = _run(runner, law, mutant.target, mutant.flavour)
+    assert verdict is not None, f"mutant {mutant.name!r} ({mutant.bug}) passed the {law} law"
+
+
+CONTROLS = sorted({(module, law, m.flavour) for module in kept_modules()
+                   for m in importlib.import_module(module).MUTANTS for law in m.caught_by})
+
+
+@pytest.mark.parametrize("module, law, flavour", CONTROLS, ids=[f"{m.rsplit('.', 1)[-1]}-{law}-{fl or 'any'}" for m, law, fl in CONTROLS])
+def test_the_unbroken_implementation_passes_the_same_runs(module, law, flavour):
+    runner = _runner(module)
+    _skip_unless_enough_ranks(runner, "the control run")
+    verdict = _run(runner, law, getattr(runner, "CONTROL", "impl"), flavour)
+    assert verdict is None, f"the unbroken implementation fails the {law} run kept for {module}: {verdict}"
+
+
+@pytest.mark.parametrize("module", kept_modules())
+def test_every_law_has_a_kept_mutant_it_rejects(module):
+    mutants = importlib.import_module(module).MUTANTS
+    laws = importlib.import_module(KEPT[module][1]).LAWS
+    caught = {law for m in mutants for law in m.caught_by}
+    missing = sorted(law.name for law in laws if law.name not in caught)
+    assert not missing, f"laws with no kept mutant to show they can fail: {missing}"
+    capability = mutants[0].capability
+    assert len(mutants) >= MIN_MUTANTS.get(capability, 4), f"{capability}: only {len(mutants)} kept mutants"
+    assert all(m.capability == capability for m in mutants)

@@ -1,0 +1,27 @@
+"""Data-parallel spec cases (``conformance/laws/ddp/spec.py``) against ``--target``, per flavour.
+
+(That torch's DistributedDataParallel passes every case, and that this project's own
+wrappers state their bad-input errors, are self-checks: ``conformance/selftests``.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.laws.ddp import spec as ddp_spec
+from conformance.laws.ddp.flavours import FLAVOURS
+
+pytestmark = pytest.mark.distributed
+
+BUCKET_SIZES_MB = ddp_spec.BUCKET_SIZES_MB
+
+
+@pytest.fixture(params=FLAVOURS)
+def flavour(request):
+    return request.param
+
+
+@pytest.mark.parametrize("case", list(ddp_spec.CASES))
+def test_spec_case(case, flavour, target):
+    for bucket_size_mb in BUCKET_SIZES_MB[flavour]:
+        ddp_spec.run_case(case, target.spec, flavour, bucket_size_mb)
