@@ -1,0 +1,95 @@
+"""The context-parallel (ring attention) laws, written against the target protocol.
+
+A target offers (documented in ``conformance/target.py`` and the README)
+    ``get_ring_attention_autograd_function()`` -> an autograd.Function class whose
+        ``apply(q, k, v, is_causal, group, layout)`` (positional; group None: the default
+        group; layout "contiguous" or "zigzag") takes and returns this rank's shard
+        (..., N / W, d) and saves one logsumexp tensor of shape q.shape[:-1];
+    ``merge_attention_partials(o1, lse1, o2, lse2)`` -> (o, lse), natural-log L;
+    ``context_parallel_shard(x, world_size, rank, layout="contiguous", dim=-2)``,
+    ``context_parallel_unshard(shards, layout="contiguous", dim=-2)``,
+    ``context_parallel_positions(seq_len, world_size, rank, layout="contiguous", device=None)``.
+
+Capability "context parallel".  No course handout covers it: the contract tier is the
+issue's list (merge algebra, layouts and positions, parity with full attention in fp32,
+communication, causal work, overlap); the extra is low precision (fp16 / bf16 parity).
+
+``check_law(law, subject, device, max_examples=None, **settings)`` runs one law under
+Hypothesis; ``rejection(law_name, target_spec, max_examples)`` is the mutant self-test's
+runner: the first line of the law's failure on the target, or None.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import Phase, given, note, settings
+
+from conformance.harness import resolve_device
+from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.laws.context_parallel import checks
+from conformance.laws.context_parallel.strategies import layout_cases, merge_cases, partial_cases, ring_cases
+
+CAPABILITY = "context parallel"
+
+
+def _zigzag_only(device=None):
+    return layout_cases().filter(lambda c: c.layout == "zigzag")
+
+
+LAWS = (
+    Law("merged_blocks_of_any_key_partition_in_any_order_equal_full_attention", CAPABILITY, CONTRACT,
+        cases=lambda device=None: merge_cases(), check=checks.check_merge_partition),
+    Law("empty_partial_is_an_exact_identity_and_masked_partials_never_give_nan", CAPABILITY, CONTRACT,
+        cases=lambda device=None: partial_cases(), check=checks.check_merge_identity),
+    Law("shards_follow_the_layout_and_unshard_inverts_shard", CAPABILITY, CONTRACT,
+        cases=lambda device=None: layout_cases(), check=checks.check_layout_roundtrip),
+    Law("rope_positions_of_a_shard_are_the_slice_of_the_full_positions", CAPABILITY, CONTRACT,
+        cases=lambda device=None: layout_cases(), check=checks.check_positions),
+    Law("zigzag_gives_every_rank_the_same_causal_work", CAPABILITY, CONTRACT,
+        cases=_zigzag_only, check=checks.check_zigzag_balance),
+    Law("ring_output_logsumexp_and_gradients_equal_full_attention", CAPABILITY, CONTRACT,
+        cases=lambda device=None: ring_cases(device or "cpu"), check=checks.check_ring_parity, needs=("ranks",)),
+    Law("ring_results_do_not_depend_on_when_messages_arrive", CAPABILITY, CONTRACT,
+        cases=lambda device=None: ring_cases(device or "cpu", min_world=2), check=checks.check_ring_parity_delayed,
+        needs=("2 ranks",)),
+    Law("forward_passes_w_minus_1_key_value_blocks_around_the_ring", CAPABILITY, CONTRACT,
+        cases=lambda device=None: ring_cases(device or "cpu"), check=checks.check_forward_exchanges, needs=("ranks",)),
+    Law("causal_blocks_above_the_diagonal_are_never_computed", CAPABILITY, CONTRACT,
+        cases=lambda device=None: ring_cases(device or "cpu", min_world=2, causal=(True,)), check=checks.check_causal_work,
+        needs=("2 ranks",)),
+    Law("every_key_value_exchange_overlaps_a_block_computation", CAPABILITY, CONTRACT,
+        cases=lambda device=None: ring_cases(device or "cpu", min_world=2).filter(
+            lambda c: not c.is_causal or c.layout == "zigzag"),
+        check=checks.check_overlap, needs=("2 ranks",)),
+    Law("ring_matches_full_attention_in_fp16_and_bf16", CAPABILITY, API,
+        cases=lambda device=None: ring_cases(device or "cpu", dtypes=(torch.float16, torch.bfloat16)),
+        check=checks.check_ring_parity, needs=("ranks",), extra="fp16 / bf16"),
+)
+LAWS_BY_NAME = by_name(LAWS)
+
+
+def check_law(law: Law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
+    device = resolve_device(device)
+    options = dict(extra_settings)
+    if max_examples is not None:
+        options["max_examples"] = max_examples
+
+    @settings(**options)
+    @given(case=law.cases(device=device))
+    def run(case):
+        note(f"case: {case}")
+        law.check(subject, case)
+
+    run()
+
+
+MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
+
+
+def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
+    """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes."""
+    try:
+        check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS)
+    except AssertionError as exc:
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return None
