@@ -109,7 +109,7 @@ def _scores(a, b, acc, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
     backward's P = exp(scale s - L) is then exactly 1 where one key holds all the weight,
     as in the eager softmax (a few ulps of disagreement, times |S| in the hundreds, broke
     the fp32 oracle).  On the GPU, tl.dot over the same d rounds alike for any tile shape
-    and operand order (perf/attention_gpu_check.py probes it, fp32/fp16/bf16); numpy's
+    and operand order (perf/tune/attention_gpu_check.py probes it, fp32/fp16/bf16); numpy's
     BLAS under the interpreter does not, so there each score is a plain sum over d.
     """
     if INTERPRETED:
@@ -496,7 +496,7 @@ _INTERPRETER_BWD = BackwardConfig(64, 64, 64, 64, 4, 1, longest_first=True)
 # GPU (sm80/sm90): (dtype is 32-bit, head-dim bound) -> config.  Shared memory holds
 # num_stages copies of the K and V tiles (forward) or the Q and dO tiles (backward).
 # The 16-bit d<=64 and d<=128 entries are the fastest configs that passed the checks in
-# perf/tune_attention.py on an H100 (perf/ATTENTION_NOTES.md); the others are first picks.
+# perf/tune/tune_attention.py on an H100 (perf/notes/ATTENTION_NOTES.md); the others are first picks.
 _GPU_FWD = {
     (False, 64): ForwardConfig(128, 64, 8, 3, longest_first=True),
     (False, 128): ForwardConfig(128, 64, 8, 3, longest_first=True, tma=True),

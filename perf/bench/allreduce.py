@@ -1,7 +1,7 @@
 """All-reduce benchmark: time and bus bandwidth of a float32 sum all-reduce by size.
 
-    python perf/bench_allreduce.py --out DIR            # gloo on CPU (2, 4, 6 ranks) + NCCL on all GPUs
-    python perf/bench_allreduce.py --tiny --out DIR     # gloo, 2 ranks, 1 and 4 MiB (seconds; CI)
+    python -m perf.bench.allreduce --out DIR            # gloo on CPU (2, 4, 6 ranks) + NCCL on all GPUs
+    python -m perf.bench.allreduce --tiny --out DIR     # gloo, 2 ranks, 1 and 4 MiB (seconds; CI)
 
 Sizes are powers of two from 1 MiB to 1 GiB of float32 payload; gloo stops at
 ``--cpu-max-mib`` (default 256: gloo moves about 2 GB/s, so 1 GiB would cost ~10 s a
@@ -35,12 +35,9 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off on the shared
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-if __package__ in (None, ""):  # run as a script: make the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from conformance.harness import run_on_ranks, shutdown_pools  # noqa: E402
-from perf import tables  # noqa: E402
-from perf.measure import device_description  # noqa: E402
+from perf.lib import tables  # noqa: E402
+from perf.lib.measure import device_description  # noqa: E402
 
 MIB = 1 << 20
 COLUMNS = ("backend", "world_size", "size_mib", "bytes", "iters", "time_ms", "algbw_gbps", "busbw_gbps", "status")

@@ -1,7 +1,7 @@
 """The attention sweep: causal attention timed and measured across sequence length, head
 dim and dtype, ours against eager PyTorch and torch SDPA's backends.
 
-    python -m perf.bench_attention [--seq 128:65536] [--dims 16 32 64 128] [--dtypes bf16 fp32]
+    python -m perf.bench.attention [--seq 128:65536] [--dims 16 32 64 128] [--dtypes bf16 fp32]
         [--impls triton eager sdpa_flash sdpa_cudnn sdpa_efficient] [--passes forward backward forward_backward]
         [--batch 1] [--heads 1] [--time-budget-s S] [--target SPEC] [--out DIR] [--device auto|cpu|cuda]
 
@@ -46,8 +46,8 @@ from typing import Callable, ContextManager, Sequence
 import torch
 
 from conformance.target import NotOffered
-from perf import measure
-from perf.measure import OK, Deadline, Outcome
+from perf.lib import measure
+from perf.lib.measure import OK, Deadline, Outcome
 
 PASSES = ("forward", "backward", "forward_backward")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -247,7 +247,7 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
 
 
 def markdown_sections(result: SweepResult, impl_order: Sequence[str] | None = None) -> list[tuple[str, str]]:
-    from perf.tables import pivot_markdown
+    from perf.lib.tables import pivot_markdown
 
     index = ("dtype", "d", "seq", "pass")
     sections = [
@@ -273,7 +273,7 @@ def _batch_heads(result: SweepResult):
 
 def write_outputs(result: SweepResult, out_dir: str | Path, meta: dict | None = None, plots: bool = True,
                   impl_order: Sequence[str] | None = None) -> list[Path]:
-    from perf import tables
+    from perf.lib import tables
 
     out_dir = Path(out_dir)
     paths = [
@@ -282,7 +282,7 @@ def write_outputs(result: SweepResult, out_dir: str | Path, meta: dict | None = 
         tables.write_json(out_dir / "attention.json", dict(meta=meta or {}, rows=result.rows, not_run=result.not_run)),
     ]
     if plots and result.rows:
-        from perf import plots as plotting
+        from perf.lib import plots as plotting
 
         paths += plotting.plot_attention(result.rows, out_dir)
     return paths
@@ -327,7 +327,7 @@ def use_interpreter_on_cpu(device: torch.device) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m perf.bench_attention", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m perf.bench.attention", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--seq", nargs="+", help="sequence lengths, or LO:HI for powers of two (default 128:65536 on CUDA)")

@@ -1,7 +1,7 @@
 """Data-parallel step time: local vs naive, flat, individual, bucketed and torch DDP.
 
-    python perf/bench_ddp.py --out DIR            # 2 GPUs (NCCL): gpt1_5b, 4 x 256 tokens a rank, bf16 autocast, AdamW
-    python perf/bench_ddp.py --tiny --out DIR     # CPU (gloo, 2 ranks): tiny GPT, float32 (seconds; CI)
+    python -m perf.bench.ddp --out DIR            # 2 GPUs (NCCL): gpt1_5b, 4 x 256 tokens a rank, bf16 autocast, AdamW
+    python -m perf.bench.ddp --tiny --out DIR     # CPU (gloo, 2 ranks): tiny GPT, float32 (seconds; CI)
 
 Variants, each on a fresh model (hooks left by one wrapper must not slow the next):
 
@@ -23,7 +23,7 @@ For our wrappers the table also gives the host time per step spent launching
 collectives (``launch_host_ms``) and in finish (``finish_host_ms``); ``--profile V ...``
 writes one profiled step of each named variant (rank 0) to profile_<V>.txt.
 ``--warmup`` untimed steps, then ``--iters`` timed ones, each between device
-synchronisations (perf.measure.time_calls); the table gives the median (the ratio uses
+synchronisations (perf.lib.measure.time_calls); the table gives the median (the ratio uses
 it), mean, standard deviation and minimum, the peak memory, and whether the replicas'
 parameters are bit-identical after the timed steps (a wrong wrapper is not a fast one).
 
@@ -66,14 +66,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-if __package__ in (None, ""):  # run as a script: make the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from conformance.harness import run_on_ranks, shutdown_pools  # noqa: E402
-from perf import tables  # noqa: E402
-from perf.bench_allreduce import allreduce_sweep, fit_alpha_beta, sizes_up_to  # noqa: E402
+from perf.lib import tables  # noqa: E402
+from perf.bench.allreduce import allreduce_sweep, fit_alpha_beta, sizes_up_to  # noqa: E402
 from impl.models.gpt import count_parameters, make_gpt, random_batch  # noqa: E402
-from perf.measure import Deadline, device_description, free_memory, time_calls  # noqa: E402
+from perf.lib.measure import Deadline, device_description, free_memory, time_calls  # noqa: E402
 
 MIB = 1 << 20
 OURS_BUCKETS_MB = (1, 5, 10, 25, 50, 100, 250, None)

@@ -1,6 +1,6 @@
 """Examples per second through the harness's live pool versus spawning ranks per example.
 
-    python perf/bench_harness.py [--world-size 2] [--pooled 20] [--spawned 3] [--device cpu|cuda]
+    python -m perf.bench.harness [--world-size 2] [--pooled 20] [--spawned 3] [--device cpu|cuda]
 
 The case is a small data-parallel step: every rank builds the same tiny MLP from one
 seed, runs forward and backward on its own batch, all-reduces and averages the
@@ -19,7 +19,6 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -27,9 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from conformance.harness import RankContext, run_on_ranks, shutdown_pools  # noqa: E402
+from conformance.harness import RankContext, run_on_ranks, shutdown_pools
 
 
 def ddp_step(ctx: RankContext, seed: int, batch: int = 16):

@@ -2,7 +2,7 @@
 inference, forward, forward+backward and a full AdamW step, per size, attention backend
 and precision.
 
-    python -m perf.bench_model [--sizes small medium large xl 2.7B] [--attention sdpa triton eager]
+    python -m perf.bench.model [--sizes small medium large xl 2.7B] [--attention sdpa triton eager]
         [--precision fp32 bf16] [--modes forward forward_backward step] [--batch 4]
         [--context 512 ...] [--warmup 5] [--steps 10] [--out DIR] [--time-budget-s S]
         [--memory-snapshot FILE.pickle] [--profile-trace FILE.json[.gz]] [--device auto|cpu|cuda]
@@ -52,8 +52,8 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from impl.models import gpt
-from perf import measure
-from perf.measure import OK, Deadline, Outcome
+from perf.lib import measure
+from perf.lib.measure import OK, Deadline, Outcome
 
 MODES = ("inference", "forward", "forward_backward", "step")
 PRECISIONS = ("fp32", "bf16")
@@ -329,7 +329,7 @@ def profile_trace(path: str | Path, *, size: str, attention: str, precision: str
 
 
 def markdown_sections(rows: Sequence[dict], heading: str = "Model benchmark") -> list[tuple[str, str]]:
-    from perf.tables import markdown_table
+    from perf.lib.tables import markdown_table
 
     columns = list(TABLE_COLUMNS)
     if any(r.get("speedup_vs_eager") is not None for r in rows):
@@ -347,7 +347,7 @@ def markdown_sections(rows: Sequence[dict], heading: str = "Model benchmark") ->
 
 def write_outputs(rows: Sequence[dict], out_dir: str | Path, meta: dict | None = None, plots: bool = True,
                   stem: str = "model", extra_sections: Sequence[tuple[str, str]] = ()) -> list[Path]:
-    from perf import tables
+    from perf.lib import tables
 
     out_dir = Path(out_dir)
     paths = [
@@ -356,7 +356,7 @@ def write_outputs(rows: Sequence[dict], out_dir: str | Path, meta: dict | None =
         tables.write_json(out_dir / f"{stem}.json", dict(meta=meta or {}, rows=list(rows))),
     ]
     if plots and rows:
-        from perf import plots as plotting
+        from perf.lib import plots as plotting
 
         paths += plotting.plot_model(rows, out_dir, name=f"{stem}.png")
     return paths
@@ -366,7 +366,7 @@ def write_outputs(rows: Sequence[dict], out_dir: str | Path, meta: dict | None =
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m perf.bench_model", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m perf.bench.model", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--sizes", nargs="+", choices=list(gpt.SIZES), help="default: the five standard sizes on CUDA, tiny on the CPU")
@@ -388,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
-    from perf.bench_attention import resolve_device, use_interpreter_on_cpu
+    from perf.bench.attention import resolve_device, use_interpreter_on_cpu
 
     opts = build_parser().parse_args(argv)
     device = resolve_device(opts.device)

@@ -1,6 +1,6 @@
 """Every benchmark of the harness in one GPU call of at most ~8 minutes (one H100).
 
-    PYTHONUNBUFFERED=1 python3 -m perf.run_gpu_benchmarks [--out DIR] [--budget-s 450] [--tiny]
+    PYTHONUNBUFFERED=1 python3 -m perf.bench.run_gpu [--out DIR] [--budget-s 450] [--tiny]
 
 Stages, in this order (each cut cleanly by the budget; what ran is written):
  1. ``--warmup 0`` in a fresh process: the small model's bf16 training step with our
@@ -40,9 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the fresh process runs there
 
 import torch  # noqa: E402
 
@@ -90,7 +88,7 @@ class Log:
 def run_warmup0(plan: dict, device: torch.device, work: Path, log: Log, timeout_s: float) -> list[dict]:
     """bench_model with --warmup 0 in a fresh Python process (nothing compiled or cached yet)."""
     out = work / "warmup0"
-    cmd = [sys.executable, "-m", "perf.bench_model", "--device", device.type, "--warmup", "0",
+    cmd = [sys.executable, "-m", "perf.bench.model", "--device", device.type, "--warmup", "0",
            "--steps", str(plan["steps"]), "--batch", str(plan["batch"]), "--out", str(out), "--no-plots",
            "--sizes", *plan["sizes"], "--attention", *plan["attention"], "--precision", *plan["precision"],
            "--modes", *plan["modes"], "--context", *map(str, plan["context"])]
@@ -122,13 +120,14 @@ def main(argv=None) -> int:
     deadline = start + opts.budget_s
     left = lambda: deadline - time.monotonic()  # noqa: E731
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from perf.bench_attention import use_interpreter_on_cpu
+    from perf.bench.attention import use_interpreter_on_cpu
 
     use_interpreter_on_cpu(device)  # before anything imports triton
     plan = CPU_PLAN if (opts.tiny or device.type == "cpu") else GPU_PLAN
     if device.type == "cpu":
         torch.set_num_threads(1)  # a dry run on a shared CPU: threads waiting on each other only slow it down
-    from perf import bench_attention, bench_model, measure, plots, tables
+    from perf.bench import attention as bench_attention, model as bench_model
+    from perf.lib import measure, plots, tables
 
     log = Log()
     out = Path(opts.out)

@@ -1,11 +1,11 @@
 """Weak scaling of data-parallel training: the same work per GPU on 1, 2, 4, ... GPUs.
 
-    python perf/bench_scaling.py --out DIR                       # every GPU count up to the host's
-    python perf/bench_scaling.py --out DIR --worlds 1 2 4 --variants torch_ddp_25 bucketed_250
-    python perf/bench_scaling.py --tiny --out DIR                # CPU, gloo, tiny GPT (seconds; CI)
+    python -m perf.bench.scaling --out DIR                       # every GPU count up to the host's
+    python -m perf.bench.scaling --out DIR --worlds 1 2 4 --variants torch_ddp_25 bucketed_250
+    python -m perf.bench.scaling --tiny --out DIR                # CPU, gloo, tiny GPT (seconds; CI)
 
 Each rank trains the gpt1_5b model on 4 x 256 tokens of its own a step (bf16 autocast,
-AdamW, the step of ``perf/bench_ddp.py``, a fresh model per variant and world size).
+AdamW, the step of ``perf/bench/ddp.py``, a fresh model per variant and world size).
 At one GPU the baseline is ``local``, the step with no wrapper and no communication,
 measured first and again last (the faster of the two is used).
 For world size W and a variant whose median step is t_W:
@@ -27,13 +27,10 @@ from pathlib import Path
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from conformance.harness import run_on_ranks, shutdown_pools  # noqa: E402
-from perf import tables  # noqa: E402
-from perf.bench_ddp import Config, measure_variant, summarise  # noqa: E402
-from perf.measure import Deadline, device_description  # noqa: E402
+from conformance.harness import run_on_ranks, shutdown_pools
+from perf.lib import tables
+from perf.bench.ddp import Config, measure_variant, summarise
+from perf.lib.measure import Deadline, device_description
 
 DEFAULT_VARIANTS = ("torch_ddp_25", "torch_ddp_250", "bucketed_250")
 COLUMNS = ("world_size", "variant", "median_ms", "std_ms", "tokens_per_s", "efficiency", "peak_gib", "replicas_identical", "status")

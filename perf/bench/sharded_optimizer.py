@@ -1,7 +1,7 @@
 """Benchmark: optimizer-state sharding on a ~1.5B-parameter GPT, data parallel on 2 GPUs.
 
-    python perf/bench_sharded_optimizer.py --out DIR            # 2 GPUs, NCCL, gpt1_5b
-    python perf/bench_sharded_optimizer.py --tiny --out DIR     # CPU, gloo, tiny GPT (seconds)
+    python -m perf.bench.sharded_optimizer --out DIR            # 2 GPUs, NCCL, gpt1_5b
+    python -m perf.bench.sharded_optimizer --tiny --out DIR     # CPU, gloo, tiny GPT (seconds)
 
 One run measures, per optimizer variant, on a fresh model each (hooks or relocated
 parameters left by one variant must not touch the next):
@@ -50,9 +50,6 @@ os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
-if __package__ in (None, ""):  # run as a script: make the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from impl.models.gpt import count_parameters, make_gpt, random_batch  # noqa: E402
 from conformance.accounting import (  # noqa: E402

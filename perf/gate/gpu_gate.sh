@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU gate: refuses a kernel change that is wrong or slower.
 #
-#   bash perf/gpu_gate.sh [--save-baseline] [--profile thorough] [--threshold PCT]
+#   bash perf/gate/gpu_gate.sh [--save-baseline] [--profile thorough] [--threshold PCT]
 #
 # 1. properties on CUDA with the thorough profile (bf16 included; a test asserts bf16 is drawn)
 # 2. conformance on CUDA, with the report written to $GATE_OUT (default gate-out/)
-# 3. perf/test_bench_gate.py compared with the stored baseline for this GPU model,
-#    failing on a median regression over the threshold (default 8%: see perf/GATE.md for
+# 3. perf/gate/test_bench_gate.py compared with the stored baseline for this GPU model,
+#    failing on a median regression over the threshold (default 8%: see perf/gate/GATE.md for
 #    the measured run-to-run spread it is set from)
 # Exits non-zero on any failure or regression, and prints a short summary last.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 PROFILE=thorough
 THRESHOLD=8
@@ -29,7 +29,7 @@ OUTDIR="${GATE_OUT:-gate-out}"
 mkdir -p "$OUTDIR"
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '_'))" 2>/dev/null) || GPU=""
 if [ -z "$GPU" ]; then echo "gpu gate: no CUDA device visible" >&2; exit 2; fi
-STORAGE="perf/baselines/$GPU"
+STORAGE="perf/gate/baselines/$GPU"
 export NCCL_NVLS_ENABLE=0
 
 status_of() { if [ "$1" -eq 0 ]; then echo pass; elif [ "$1" -eq -1 ]; then echo "NOT RUN (GATE_STAGES)"; else echo "FAIL (exit $1)"; fi; }
@@ -51,7 +51,7 @@ if [[ "$STAGES" == *" conformance "* ]]; then
   RC_CONF=${PIPESTATUS[0]}
 fi
 
-BENCH_ARGS=(perf/test_bench_gate.py --device cuda -p no:cacheprovider -q --benchmark-only
+BENCH_ARGS=(perf/gate/test_bench_gate.py --device cuda -p no:cacheprovider -q --benchmark-only
             --benchmark-storage "file://$STORAGE" --benchmark-columns=median,iqr,min,rounds
             --benchmark-json "$OUTDIR/bench.json")
 if [[ "$STAGES" != *" perf "* ]]; then

@@ -8,7 +8,7 @@
         step time and peak memory against context length, one line per
         (size, attention, precision, mode).
 
-Rows are the dicts ``perf.bench_attention`` and ``perf.bench_model`` produce.
+Rows are the dicts ``perf.bench.attention`` and ``perf.bench.model`` produce.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from perf.measure import OOM  # noqa: E402
+from perf.lib.measure import OOM  # noqa: E402
 
 _MARKERS = "osD^v<>ph*"
 

@@ -10,7 +10,8 @@ the harness working; CPU numbers mean nothing and are not compared.
 import pytest
 import torch
 
-from perf import bench_attention, measure
+from perf.bench import attention as bench_attention
+from perf.lib import measure
 
 IMPLS = ("triton", "sdpa_flash", "sdpa_cudnn", "eager")
 PASSES = ("forward", "forward_backward")

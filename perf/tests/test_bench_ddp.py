@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from perf.bench_ddp import MIB, bucket_mb, exposed_seconds, optimal_bucket_mb, predict
+from perf.bench.ddp import MIB, bucket_mb, exposed_seconds, optimal_bucket_mb, predict
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE_VARIANTS = ["local", "naive", "flat", "individual", "bucketed_1", "bucketed_1_cur", "bucketed_none", "torch_ddp_25", "local_again"]
 
 
@@ -23,7 +23,7 @@ def _run(args, tmp_path):
 
 @pytest.mark.distributed
 def test_allreduce_benchmark_tiny_mode_writes_its_tables(tmp_path):
-    _run(["perf/bench_allreduce.py", "--tiny"], tmp_path)
+    _run(["-m", "perf.bench.allreduce", "--tiny"], tmp_path)
     payload = json.loads((tmp_path / "allreduce.json").read_text())
     rows = payload["rows"]
     assert rows and all(r["status"] == "ok" and r["backend"] == "gloo" and r["world_size"] == 2 for r in rows)
@@ -34,7 +34,7 @@ def test_allreduce_benchmark_tiny_mode_writes_its_tables(tmp_path):
 
 @pytest.mark.distributed
 def test_ddp_benchmark_tiny_mode_measures_the_variants_and_fits_the_model(tmp_path):
-    _run(["perf/bench_ddp.py", "--tiny", "--variants", *SMOKE_VARIANTS], tmp_path)
+    _run(["-m", "perf.bench.ddp", "--tiny", "--variants", *SMOKE_VARIANTS], tmp_path)
     payload = json.loads((tmp_path / "ddp.json").read_text())
     rows = {r["variant"]: r for r in payload["rows"]}
     assert list(rows) == SMOKE_VARIANTS and all(r["status"] == "ok" for r in rows.values())
@@ -51,7 +51,7 @@ def test_ddp_benchmark_tiny_mode_measures_the_variants_and_fits_the_model(tmp_pa
 
 
 def test_alpha_beta_fit_recovers_a_line_and_survives_noise():
-    from perf.bench_allreduce import fit_alpha_beta
+    from perf.bench.allreduce import fit_alpha_beta
 
     rows = [{"bytes": b, "time_ms": (2e-5 + b / 1e10) * 1e3, "status": "ok"} for b in (MIB, 4 * MIB, 16 * MIB)]
     alpha, beta = fit_alpha_beta(rows)
@@ -69,7 +69,7 @@ def test_variant_names_carry_their_bucket_size():
 
 @pytest.mark.distributed
 def test_weak_scaling_tiny_mode_gives_efficiency_against_local_at_one_rank(tmp_path):
-    _run(["perf/bench_scaling.py", "--tiny", "--worlds", "1", "2", "--variants", "bucketed_1", "torch_ddp_25"], tmp_path)
+    _run(["-m", "perf.bench.scaling", "--tiny", "--worlds", "1", "2", "--variants", "bucketed_1", "torch_ddp_25"], tmp_path)
     payload = json.loads((tmp_path / "scaling.json").read_text())
     rows = payload["rows"]
     assert [(r["world_size"], r["variant"]) for r in rows] == [

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from impl.models import gpt
-from perf import bench_model, measure
+from perf.bench import model as bench_model
+from perf.lib import measure
 
 ATTENTIONS = ("sdpa", "triton", "eager", "pytorch")
 

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from perf.bench_sharded_optimizer import VARIANTS
+from perf.bench.sharded_optimizer import VARIANTS
 from impl.models.gpt import SIZES, make_gpt
 from conformance.accounting import adam_state_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.distributed
 def test_tiny_mode_measures_every_variant(tmp_path):
     run = subprocess.run(
-        [sys.executable, "perf/bench_sharded_optimizer.py", "--tiny", "--out", str(tmp_path)],
+        [sys.executable, "-m", "perf.bench.sharded_optimizer", "--tiny", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from impl.models import gpt
-from perf import bench_attention, bench_model, measure, plots, tables
-from perf.bench_attention import AttentionImpl, Case
+from perf.bench import attention as bench_attention, model as bench_model
+from perf.lib import measure, plots, tables
+from perf.bench.attention import AttentionImpl, Case
 
 
 def _raise_oom(q, k, v):
@@ -225,7 +226,7 @@ def test_a_target_without_the_kernel_is_reported_not_offered(device, tmp_path):
 
 def test_gpu_script_runs_every_stage_and_writes_its_files(tmp_path, monkeypatch, capsys):
     """perf/run_gpu_benchmarks at its smallest: every stage, the files it returns, the report."""
-    from perf import run_gpu_benchmarks as script
+    from perf.bench import run_gpu as script
 
     plan = dict(script.CPU_PLAN,
                 warmup0=dict(script.CPU_PLAN["warmup0"], attention=["sdpa"], steps=1),

@@ -1,6 +1,6 @@
 """GPU check of the Triton FlashAttention-2 (impl/attention/flash_triton.py): compiles, is right, first timings.
 
-    PYTHONUNBUFFERED=1 python3 perf/attention_gpu_check.py [--budget SECONDS] [--out DIR]
+    PYTHONUNBUFFERED=1 python3 -m perf.tune.attention_gpu_check [--budget SECONDS] [--out DIR]
 
 1. Correctness: fixed cases across fp32/fp16/bf16, head dims 8..256, N = 1, N_q != N_k,
    causal or not, batch shapes (), (B,), (B, H), 5-D, non-contiguous layouts; O, L, dQ,
@@ -30,8 +30,7 @@ import warnings
 import zlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]  # the repository: pytest runs there
 
 import torch  # noqa: E402
 
@@ -122,6 +121,7 @@ def _triton_fn(fwd_cfg, bwd_cfg):
 
 def run_case(case) -> dict:
     from conformance import oracle
+    from conformance.laws.attention.magnitudes import attention_magnitudes
     from impl.attention.reference import attention_reference, default_scale
 
     batch, n_q, n_k, d, causal, dtype, layout, scale, cfg = case
@@ -144,7 +144,7 @@ def run_case(case) -> dict:
         q64, k64, v64, do64 = (t.double() for t in (q, k, v, do))
         ref = _fwd_bwd(lambda *a: attention_reference(*a), q64, k64, v64, do64, causal, s)
         eager = _fwd_bwd(lambda *a: attention_reference(*a), q, k, v, do, causal, s)
-        mags = oracle.attention_magnitudes(q64, k64, v64, do64, causal, s)
+        mags = attention_magnitudes(q64, k64, v64, do64, causal, s)
         ratios, failures = {}, []
         for key in ref:
             want = torch.float32 if key == "L" else dtype

@@ -1,8 +1,8 @@
 """Registers, spills and shared memory of the Triton FlashAttention-2 kernels on sm_90, without a GPU.
 
-    python perf/attention_sm90_report.py [--match TEXT] [--out FILE.json]
+    python -m perf.tune.attention_sm90_report [--match TEXT] [--out FILE.json]
 
-Compiles each candidate of perf/tune_attention.py (and the current defaults) ahead of time
+Compiles each candidate of perf/tune/tune_attention.py (and the current defaults) ahead of time
 for an H100 (sm_90, CUDA target, the anchor shapes' argument specialisation: bf16,
 contiguous, full tiles) with Triton's own compiler and the ptxas it ships, and prints per
 kernel: registers per thread, spill stores/loads (bytes), shared memory, and the number of
@@ -21,9 +21,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -105,7 +102,7 @@ def kernels_of(cand, anchor) -> dict:
 
 
 def main() -> int:
-    from perf import tune_attention as tune
+    from perf.tune import tune_attention as tune
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--match", default="", help="only candidates whose name contains this")

@@ -2,7 +2,7 @@
 cuDNN (median of do_bench), eager and the PyTorch tiles (a single timed call each after one
 warm-up: they take from tens of milliseconds to seconds).
 
-    python3 perf/timing_table.py            (on a GPU)
+    python3 -m perf.tune.timing_table            (on a GPU)
 """
 
 import time

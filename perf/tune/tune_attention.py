@@ -1,7 +1,7 @@
 """Tune the Triton FlashAttention-2 (impl/attention/flash_triton.py) on one GPU: check each candidate, time it, compare.
 
-    PYTHONUNBUFFERED=1 python3 perf/tune_attention.py [--phase sweep|confirm] [--budget 380] [--out DIR]
-    python3 perf/tune_attention.py --dry-run        # the same flow on the CPU interpreter, tiny shapes
+    PYTHONUNBUFFERED=1 python3 -m perf.tune.tune_attention [--phase sweep|confirm] [--budget 380] [--out DIR]
+    python3 -m perf.tune.tune_attention --dry-run        # the same flow on the CPU interpreter, tiny shapes
 
 One call does everything below inside a time budget; a step it does not reach is marked
 "skipped: out of time", and the JSON and markdown are rewritten after every step.
@@ -43,8 +43,7 @@ from pathlib import Path
 if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ["TRITON_INTERPRET"] = "1"
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]  # the repository: pytest runs there
 
 import torch  # noqa: E402
 
@@ -140,7 +139,7 @@ def default_candidates(anchors) -> list[Candidate]:
 
 def sweep_candidates() -> list[Candidate]:
     """Tile shapes, warps and stages per kernel, and the switches (longest-first order, TMA,
-    forward FMA fusion), chosen from the sm_90 resource report (perf/attention_sm90_report.py:
+    forward FMA fusion), chosen from the sm_90 resource report (perf/tune/attention_sm90_report.py:
     no heavy spills, shared memory that fits).  Kept short: on the GPU machine each candidate
     costs some 4-8 kernel compilations of a few seconds for its correctness checks."""
     c = []
@@ -225,6 +224,7 @@ def _eager(q, k, v, do, causal):
 
 def check_one(cand: dict, dtype_name: str, causal: bool, n: int, d: int) -> dict:
     from conformance import oracle
+    from conformance.laws.attention.magnitudes import attention_magnitudes
     from impl.attention.reference import default_scale
 
     device, dtype = _device(), DTYPES[dtype_name]
@@ -236,7 +236,7 @@ def check_one(cand: dict, dtype_name: str, causal: bool, n: int, d: int) -> dict
         got = _ours(q, k, v, do, causal, fwd_cfg, bwd_cfg)
     ref = _eager(*(t.double() for t in (q, k, v, do)), causal)
     eager = _eager(q, k, v, do, causal)
-    mags = oracle.attention_magnitudes(q, k, v, do, causal, default_scale(d), dtype)
+    mags = attention_magnitudes(q, k, v, do, causal, default_scale(d), dtype)
     ratios, failures = {}, []
     for key in ref:
         want = torch.float32 if key == "L" else dtype
@@ -635,7 +635,7 @@ def run_pytest(deadline, report):
     if left < 40:
         report.data["pytest"] = dict(status=f"skipped: {left:.0f}s left")
         return
-    cmd = [sys.executable, "-m", "pytest", "conformance/test_attention_spec.py", "properties/test_triton_configs.py",
+    cmd = [sys.executable, "-m", "pytest", "conformance/spec/test_attention.py", "properties/test_triton_configs.py",
            "properties/test_attention.py", "-k", "triton", "--device", "cuda", "--hypothesis-profile", "ci", "-q", "-p", "no:cacheprovider"]
     print(f"\n== {' '.join(cmd[2:])}  ({left:.0f}s left)", flush=True)
     try:
