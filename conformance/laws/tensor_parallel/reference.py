@@ -1,0 +1,103 @@
+"""Single-process references: the dense module run in float64 (the reference) and in the
+tested dtype (the eager result the oracle scales its bound by), from the same inputs."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from . import model as build
+
+
+def dense_run(module, x, dy, dtype):
+    """Forward and backward of a copy of ``module`` in ``dtype``: (y, dx, {name: grad})."""
+    m = copy.deepcopy(module).to(dtype)
+    x = x.detach().to(dtype).requires_grad_(x.is_floating_point())
+    y = m(x)
+    (y * dy.to(y.dtype)).sum().backward()
+    return y.detach(), (x.grad if x.is_floating_point() else None), {n: p.grad for n, p in m.named_parameters()}
+
+
+def dense_embedding_run(module, ids, dy, dtype):
+    m = copy.deepcopy(module).to(dtype)
+    y = m(ids)
+    (y * dy.to(dtype)).sum().backward()
+    return y.detach(), None, {n: p.grad for n, p in m.named_parameters()}
+
+
+def cross_entropy(logits, targets, dy, case, dtype):
+    """F.cross_entropy on the full logits in ``dtype``: (loss, d loss / d logits)."""
+    x = logits.detach().to(dtype).requires_grad_(True)
+    flat = F.cross_entropy(x.reshape(-1, x.shape[-1]), targets.reshape(-1), ignore_index=case.ignore_index, reduction=case.reduction)
+    loss = flat.reshape(targets.shape) if case.reduction == "none" else flat
+    (loss * dy.to(dtype)).sum().backward() if case.reduction == "none" else loss.backward()
+    return loss.detach(), x.grad
+
+
+def per_token_magnitudes(module, x, dy):
+    """Sum over tokens (all but the last dim of the output) of |gradient of that token's
+    term y_t . dy_t|, in float64: the size of the terms each gradient element adds up
+    (the oracle's magnitude), for the input and every parameter."""
+    m = copy.deepcopy(module).to(F64)
+    x = x.detach().to(F64)
+    dy = dy.to(F64)
+    total = {}
+    tokens = dy.reshape(-1, dy.shape[-1]).shape[0]
+    for t in range(tokens):
+        m.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_(True)
+        y = m(xi).reshape(-1, dy.shape[-1])
+        (y[t] * dy.reshape(-1, dy.shape[-1])[t]).sum().backward()
+        grads = {n: p.grad.abs() for n, p in m.named_parameters() if p.grad is not None}
+        grads["input"] = xi.grad.abs()
+        for k, v in grads.items():
+            total[k] = v if k not in total else total[k] + v
+    return total
+
+
+def _gpt_loss(m, ids, tgt, ignore_index, token=None):
+    logits = m(ids)
+    per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=ignore_index, reduction="none")
+    count = (tgt != ignore_index).sum()
+    return (per.sum() if token is None else per[token]) / count
+
+
+def gpt_step(case, params: dict, ids, tgt, dtype):
+    """The dense GPT at ``params`` in ``dtype``: (loss, {name: grad})."""
+    m = build.gpt(case)
+    m.load_state_dict({k: v.to(torch.float32) for k, v in params.items()}, strict=False)
+    m = m.to(dtype)
+    loss = _gpt_loss(m, ids, tgt, case.ignore_index)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in m.named_parameters()}
+
+
+def gpt_magnitudes(case, params: dict, ids, tgt):
+    """Per-token |gradient| summed over the tokens that count, in float64."""
+    m = build.gpt(case)
+    m.load_state_dict({k: v.to(torch.float32) for k, v in params.items()}, strict=False)
+    m = m.to(F64)
+    total = {}
+    for t in torch.nonzero(tgt.reshape(-1) != case.ignore_index).flatten().tolist():
+        m.zero_grad(set_to_none=True)
+        _gpt_loss(m, ids, tgt, case.ignore_index, token=t).backward()
+        for n, p in m.named_parameters():
+            g = p.grad.abs() if p.grad is not None else torch.zeros_like(p)
+            total[n] = g if n not in total else total[n] + g
+    return total
+
+
+def gpt_training(case, dtype):
+    """The dense GPT trained for the case's steps from its initial weights: final parameters."""
+    m = build.gpt(case).to(dtype)
+    opt = build.optimizer(case.optimizer, m.parameters())
+    for ids, tgt in build.gpt_batches(case):
+        opt.zero_grad()
+        _gpt_loss(m, ids, tgt, case.ignore_index).backward()
+        opt.step()
+    return {n: p.detach().clone() for n, p in m.named_parameters()}
+
+
+F64 = torch.float64
