@@ -59,7 +59,7 @@ from conformance.verdicts import NotOffered, classify  # noqa: E402
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
-pytest_plugins = ["conformance.report"]
+pytest_plugins = ["conformance.report", "conformance.isolation"]
 
 
 def pytest_addoption(parser):
@@ -91,8 +91,15 @@ def pytest_configure(config):
         if on_cpu and world_size > MAX_CPU_WORLD_SIZE:
             raise pytest.UsageError(f"--world-size {world_size}: the CPU harness runs at most {MAX_CPU_WORLD_SIZE} ranks")
         os.environ["SUITE_WORLD_SIZE"] = str(world_size)
-    if config.getoption("--target"):
-        os.environ["SUITE_TARGET"] = config.getoption("--target")
+    spec = config.getoption("--target")
+    if spec:
+        os.environ["SUITE_TARGET"] = spec
+        if not hasattr(config, "workerinput") and not config.option.collectonly:  # once, in the controller
+            from conformance.target import probe_target
+
+            why = probe_target(spec)
+            if why:
+                raise pytest.UsageError(why)
 
 
 @pytest.fixture(scope="session")

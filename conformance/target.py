@@ -133,6 +133,50 @@ def _import_file(path: Path):
     return module
 
 
+def probe_target(spec: str, timeout: float | None = None) -> str | None:
+    """Load the target once in a child process; None if it loads, else one line saying why not.
+
+    The child can crash or hang without taking the run with it: a target that cannot be
+    found, does not parse, does not import (a missing dependency of the student's package),
+    names a missing attribute, dies (a signal, ``os._exit``) or hangs while importing is a
+    usage error at start-up, reported in one line, before any check runs.
+    """
+    import os
+    import signal
+    import subprocess
+
+    timeout = timeout or float(os.environ.get("SUITE_TARGET_PROBE_TIMEOUT", "180"))
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys\n"
+        "from conformance.target import load_target\n"
+        "try:\n"
+        "    load_target(sys.argv[1])\n"
+        "except BaseException as exc:\n"
+        "    msg = ' '.join(f'{type(exc).__name__}: {exc}'.split())\n"
+        "    if isinstance(exc, SyntaxError):\n"
+        "        msg = f'SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})'\n"
+        "    print('TARGET-ERROR ' + msg[:400], flush=True)\n"
+        "    sys.exit(3)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p))
+    env.setdefault("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", ""))
+    try:
+        out = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, env=env,
+                             cwd=os.getcwd(), timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"--target {spec}: importing it did not finish within {timeout:.0f} s (it hangs at import)"
+    for line in out.stdout.splitlines():
+        if line.startswith("TARGET-ERROR "):
+            return f"--target {spec}: target does not load: {line.removeprefix('TARGET-ERROR ')}"
+    if out.returncode < 0:
+        name = signal.Signals(-out.returncode).name if -out.returncode in signal.Signals._value2member_map_ else str(-out.returncode)
+        return f"--target {spec}: importing it killed the process with {name}"
+    if out.returncode != 0:
+        return f"--target {spec}: importing it exited with code {out.returncode}"
+    return None
+
+
 def load_target(spec: str | None = None) -> Target:
     """Load a target from a module path, ``module:attr`` or a file path."""
     spec = spec or DEFAULT_TARGET

@@ -1,0 +1,73 @@
+"""The main job survives the code it checks, and says how each check died.
+
+``python -m conformance`` runs against fixture targets (``conformance/selftests/targets``)
+that segfault, exit, abort or hang; every run must end with the report, the dead check's
+row FAILS and its line names how it died.  A target that cannot be loaded at all stops at
+start-up with one line and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ONE_CHECK = "pytorch-saves_one_logsumexp_of_query_shape"
+
+
+def main_job(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SUITE_TARGET_PROBE_TIMEOUT="30")
+    env.pop("PYTEST_XDIST_WORKER", None)
+    return subprocess.run([sys.executable, "-m", "conformance", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize(
+    "target, died",
+    [
+        ("segfault", "killed by SIGSEGV (segmentation fault)"),
+        ("exits", "exited with code 3"),
+        ("aborts", "killed by SIGABRT (abort)"),
+        ("hangs_in_call", "timed out after 20 s"),
+    ],
+)
+def test_a_check_that_dies_is_a_failing_row_saying_how(target, died):
+    out = main_job("--target", f"conformance.selftests.targets.{target}", "-k", ONE_CHECK, "--check-timeout", "20")
+    text = out.stdout + out.stderr
+    assert "conformance report" in text, text[-3000:]
+    row = next((ln for ln in text.splitlines() if ln.strip().startswith("attention pytorch forward") and "FAIL " not in ln), "")
+    assert "FAILS" in row, text[-3000:]
+    assert died in text and ONE_CHECK in text, text[-3000:]
+    assert out.returncode == 1, out.returncode
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("/nonexistent/adapters.py", "file not found"),
+        ("impl:nothing", "has no attribute 'nothing'"),
+        ("no_such_module_anywhere", "cannot import module"),
+        ("conformance.selftests.targets.hangs_at_import", "did not finish within 30 s"),
+    ],
+)
+def test_a_target_that_cannot_be_loaded_stops_at_start_up_in_one_line(spec, words):
+    out = main_job("--target", spec, timeout=300)
+    assert out.returncode not in (0, 1), out.returncode  # a usage error, not a report
+    errors = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("ERROR")]
+    assert len(errors) == 1 and words in errors[0], out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_a_target_file_that_does_not_parse_or_import_is_one_line(tmp_path):
+    bad = tmp_path / "adapters.py"
+    bad.write_text("def get_ddp(module:\n")
+    out = main_job("--target", str(bad), timeout=300)
+    assert out.returncode not in (0, 1) and "SyntaxError" in out.stderr and "line 1" in out.stderr, out.stderr[-2000:]
+    bad.write_text("import cs336_systems_not_installed\n")
+    out = main_job("--target", str(bad), timeout=300)
+    assert out.returncode not in (0, 1), out.returncode
+    assert "target does not load: ModuleNotFoundError: No module named 'cs336_systems_not_installed'" in out.stderr
