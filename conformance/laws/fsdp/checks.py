@@ -1,0 +1,151 @@
+"""The comparisons each law makes on what the ranks reported."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from conformance import oracle
+
+from . import model as models
+from .strategies import FSDPCase, optimizer_state_bytes_per_element
+
+SLACK_BYTES = 4096
+
+
+def shard_size(case: FSDPCase) -> int:
+    if case.strategy == "NO_SHARD":
+        return 1
+    if case.strategy == "HYBRID_SHARD":
+        return 2 if case.world_size % 2 == 0 else case.world_size
+    return case.world_size
+
+
+def check_parity(case: FSDPCase, results: list[dict], ref32: list[dict], ref64: list[dict]) -> None:
+    """Gathered parameters equal the reference after every step, on every rank."""
+    exact = case.compute is None and case.world_size <= 2
+    for s in range(case.steps):
+        expected32, expected64 = ref32[s + 1], ref64[s + 1]
+        for r, res in enumerate(results):
+            full = res["steps"][s]["full"]
+            missing = sorted(set(expected32) - set(full))
+            if missing:
+                raise AssertionError(f"step {s} rank {r}: gather_full_params lacks {missing}")
+            for name in expected32:
+                got = full[name]
+                where = f"step {s} rank {r} {name}"
+                if got.dtype != torch.float32:
+                    raise AssertionError(f"{where}: gathered dtype {got.dtype}, expected torch.float32")
+                if tuple(got.shape) != tuple(expected32[name].shape):
+                    raise AssertionError(f"{where}: gathered shape {tuple(got.shape)}, expected {tuple(expected32[name].shape)}")
+                if exact:
+                    oracle.assert_bitwise_equal(where + " (fp32, same reduction order)", got, expected32[name])
+                else:
+                    oracle.assert_close(where, got, expected64[name], eager=expected32[name], dtype=torch.float32)
+
+
+def check_same_results(case: FSDPCase, a: list[dict], b: list[dict], what: str) -> None:
+    for s in range(case.steps):
+        for name, t in a[0]["steps"][s]["full"].items():
+            oracle.assert_bitwise_equal(f"step {s} {name}: {what}", b[0]["steps"][s]["full"][name], t)
+
+
+def _unique_matrices(case: FSDPCase):
+    base = models.build(case)
+    seen, trainable, frozen = set(), [], []
+    for mname, mod in base.named_modules():
+        if isinstance(mod, models.MATRIX_CLASSES) and id(mod.weight) not in seen:
+            seen.add(id(mod.weight))
+            (trainable if mod.weight.requires_grad else frozen).append(mod.weight)
+    replicated = [p for n, p in base.named_parameters() if p.dim() < 2 and p.requires_grad]
+    return base, trainable, frozen, replicated
+
+
+def check_shard_algebra(case: FSDPCase, results: list[dict], ref32: list[dict]) -> None:
+    """Every rank holds at most its share; the shards of all ranks are the full parameters."""
+    S, W = shard_size(case), case.world_size
+    base, trainable, _, _ = _unique_matrices(case)
+    share = sum(math.ceil(p.shape[0] / S) * (p.numel() // p.shape[0]) for p in trainable)
+    names = {}
+    for n, p in base.named_parameters():
+        if any(p is q for q in trainable):
+            names[n] = p
+    for s in range(case.steps):
+        pieces = [res["steps"][s]["local_shard"] for res in results]
+        for r, piece in enumerate(pieces):
+            if piece.numel() > share:
+                raise AssertionError(f"step {s} rank {r} holds {piece.numel()} elements of the sharded parameters; its share is at most {share} (W={W}, shard group {S})")
+        held = torch.cat(pieces)
+        before = ref32[s]  # the parameters the shards hold before this step's update
+        full = torch.cat([before[n].reshape(-1) for n in names]) if names else torch.zeros(0)
+        full = full.repeat(W // S)
+        a, b = held[held != 0].sort().values, full[full != 0].sort().values
+        if a.shape != b.shape or not torch.equal(a, b):
+            raise AssertionError(
+                f"step {s}: the ranks' shards are not a partition of the full parameters (x{W // S} replicas): "
+                f"{a.numel()} nonzero elements held, {b.numel()} expected"
+                + ("" if a.shape != b.shape else f", first differing value {a[(a != b).nonzero()[0]].item()} vs {b[(a != b).nonzero()[0]].item()}")
+            )
+
+
+def check_dtypes(case: FSDPCase, results: list[dict]) -> None:
+    """Master parameters and gradients fp32 with their shapes; forward gathers in the compute dtype."""
+    compute = str(case.compute_dtype or torch.float32).replace("torch.", "")
+    for r, res in enumerate(results):
+        for s, rec in enumerate(res["steps"]):
+            for i, (shape, dtype, grad, requires_grad) in enumerate(rec["params"]):
+                if not requires_grad:
+                    continue
+                if dtype != "torch.float32":
+                    raise AssertionError(f"step {s} rank {r}: parameter {i} of fsdp_model.parameters() is {dtype}, expected fp32 master weights")
+                if grad is None:
+                    raise AssertionError(f"step {s} rank {r}: parameter {i} (shape {shape}) has no gradient after on_after_backward")
+                if grad != (shape, "torch.float32"):
+                    raise AssertionError(f"step {s} rank {r}: parameter {i} shape {shape}: gradient {grad}, expected its shape in fp32")
+            for name, shape, dtype, grad in rec["module_params"]:
+                if grad is None or grad != (shape, dtype):
+                    raise AssertionError(f"step {s} rank {r}: {name} {shape} {dtype}: gradient {grad}")
+        gathers = [(n, d) for n, phase, d in res["collectives"] if phase == "forward"]
+        wrong = [(n, d) for n, d in gathers if d != compute]
+        if wrong:
+            raise AssertionError(f"rank {r}: forward communicated {wrong[:3]}, expected everything in {compute}")
+        if case.world_size > 1 and shard_size(case) > 1 and not gathers:
+            raise AssertionError(f"rank {r}: nothing was gathered in forward at W={case.world_size}: parameters are not sharded")
+
+
+def check_replicated(case: FSDPCase, results: list[dict]) -> None:
+    """Parameters FSDP does not shard get bit-identical gradients on every rank."""
+    for s in range(case.steps):
+        first = results[0]["steps"][s]["replicated_grads"]
+        for r, res in enumerate(results[1:], start=1):
+            other = res["steps"][s]["replicated_grads"]
+            if set(other) != set(first):
+                raise AssertionError(f"step {s}: replicated parameters with gradients differ: rank 0 {sorted(first)}, rank {r} {sorted(other)}")
+            for name, g in first.items():
+                oracle.assert_bitwise_equal(f"step {s}: gradient of replicated {name}, rank {r} vs rank 0", other[name], g)
+
+
+def check_memory(case: FSDPCase, results: list[dict], after_forward: bool = False) -> None:
+    """At rest no full parameter is held; bytes at most total / S plus the largest parameter."""
+    S = shard_size(case)
+    _, trainable, frozen, replicated = _unique_matrices(case)
+    K = optimizer_state_bytes_per_element(case)
+    n_sharded = sum(p.numel() for p in trainable)
+    largest = max([p.numel() for p in trainable + frozen] or [0])
+    n_params = len(trainable) + len(frozen) + len(replicated)
+    slack = SLACK_BYTES + 64 * case.world_size * n_params
+    rest = (8 + K) * (n_sharded / S + largest + sum(p.numel() for p in replicated)) + 4 * sum(p.numel() for p in frozen) + slack
+    fwd = (4 + K) * n_sharded / S + 8 * largest + (8 + K) * sum(p.numel() for p in replicated) + 4 * sum(p.numel() for p in frozen) + slack
+    for r, res in enumerate(results):
+        for s, rec in enumerate(res["steps"]):
+            if rec["full_attrs_after_backward"]:
+                raise AssertionError(f"step {s} rank {r}: after backward full parameters are still held: {rec['full_attrs_after_backward']}")
+            for when in ("after_backward", "after_step"):
+                if rec[f"bytes_{when}"] > rest:
+                    raise AssertionError(f"step {s} rank {r}: {rec[f'bytes_{when}']} bytes reachable {when.replace('_', ' ')}, bound {rest:.0f} (total/{S} + the largest parameter)")
+            if after_forward:
+                if rec["full_attrs_after_forward"]:
+                    raise AssertionError(f"step {s} rank {r}: after forward full parameters are still held: {rec['full_attrs_after_forward']}")
+                if rec["bytes_after_forward"] > fwd:
+                    raise AssertionError(f"step {s} rank {r}: {rec['bytes_after_forward']} bytes reachable after forward, bound {fwd:.0f}")

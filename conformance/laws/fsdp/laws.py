@@ -1,0 +1,173 @@
+"""The FSDP laws (``LAWS``) and the mutant runner ``rejection``.
+
+A target offers the CS336 2026 names ``get_fsdp(module, compute_dtype=None)``,
+``fsdp_on_after_backward(model, optimizer)``, ``fsdp_gather_full_params(model)``; the
+API-tier laws also use ``get_fsdp_strategy(module, strategy, compute_dtype=None)`` and
+``fsdp_no_sync(model)`` (a context manager), and are "not offered" without them.
+Each check is ``check(target_spec, case)``: it trains the case on a pool of ranks and
+compares with the single-process reference (``reference``) and between ranks.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from conformance.harness import available_world_sizes, pinned_world_size, run_on_ranks, resolve_device
+from conformance.lawbook import API, CONTRACT, Law, by_name
+
+from . import checks, reference
+from .rank import train_on_rank
+from .strategies import FSDPCase, fsdp_cases
+
+CAPABILITY = "FSDP"
+CASE_TIMEOUT_S = 120.0
+MAX_WORLD_SIZE = 4
+
+
+def world_sizes(min_size: int = 1, even: bool = False) -> st.SearchStrategy[int]:
+    pinned = pinned_world_size()
+    if pinned is not None:
+        return st.just(pinned)
+    top = min(MAX_WORLD_SIZE, max(available_world_sizes(resolve_device())))
+    sizes = [w for w in range(min(min_size, top), top + 1) if not even or w % 2 == 0 or w == 1]
+    return st.sampled_from(sizes)
+
+
+def train(target_spec: str, case: FSDPCase) -> list[dict]:
+    return run_on_ranks(train_on_rank, case.world_size, target_spec, case, timeout=CASE_TIMEOUT_S)
+
+
+@lru_cache(maxsize=64)
+def references(case: FSDPCase):
+    return reference.trajectory(case, torch.float32), reference.trajectory(case, torch.float64, casts=False)
+
+
+# --- checks: (target_spec, case) -> None --------------------------------------------------
+
+
+def trajectory_parity(target_spec: str, case: FSDPCase) -> None:
+    """The gathered parameters equal one process on the whole batch (same reduction order; oracle in mixed precision)."""
+    checks.check_parity(case, train(target_spec, case), *references(case))
+
+
+def shard_algebra(target_spec: str, case: FSDPCase) -> None:
+    """Each rank holds at most its share of each sharded parameter; all ranks' shards are exactly the full parameters."""
+    checks.check_shard_algebra(case, train(target_spec, case), references(case)[0])
+
+
+def dtypes(target_spec: str, case: FSDPCase) -> None:
+    """Master parameters and gradients fp32 with their shapes after on_after_backward; forward communicates in the compute dtype."""
+    checks.check_dtypes(case, train(target_spec, case))
+
+
+def replicated_gradients(target_spec: str, case: FSDPCase) -> None:
+    """Parameters that are not sharded (norm gains) get bit-identical gradients on every rank."""
+    checks.check_replicated(case, train(target_spec, case))
+
+
+def memory_at_rest(target_spec: str, case: FSDPCase) -> None:
+    """After backward and after the step no full parameter is held; bytes at most total / W plus the largest parameter."""
+    checks.check_memory(case, train(target_spec, case))
+
+
+def strategy_parity_and_memory(target_spec: str, case: FSDPCase) -> None:
+    """Every sharding strategy matches one process and respects its memory bound."""
+    results = train(target_spec, case)
+    checks.check_parity(case, results, *references(case))
+    checks.check_memory(case, results)
+
+
+def frees_after_forward(target_spec: str, case: FSDPCase) -> None:
+    """FULL_SHARD: after forward no unit but the root holds full parameters."""
+    checks.check_memory(case, train(target_spec, case), after_forward=True)
+
+
+def strategy_invariance(target_spec: str, case: FSDPCase) -> None:
+    """FULL_SHARD and SHARD_GRAD_OP give the same bits (NO_SHARD too on W <= 2)."""
+    full = train(target_spec, case.with_(strategy="FULL_SHARD"))
+    checks.check_same_results(case, full, train(target_spec, case.with_(strategy="SHARD_GRAD_OP")), "SHARD_GRAD_OP vs FULL_SHARD")
+    if case.world_size <= 2:
+        checks.check_same_results(case, full, train(target_spec, case.with_(strategy="NO_SHARD")), "NO_SHARD vs FULL_SHARD")
+
+
+def delay_invariance(target_spec: str, case: FSDPCase) -> None:
+    """A delay before every collective on one rank changes no bit of the result."""
+    delayed = train(target_spec, case)
+    checks.check_parity(case, delayed, *references(case))
+    checks.check_same_results(case, train(target_spec, case.with_(delay_rank=None, delay_s=0.0)), delayed, "with a delay vs without")
+
+
+# --- cases ------------------------------------------------------------------------------------
+
+
+def contract_cases():
+    return fsdp_cases(world_sizes(), computes=(None, "fp16"), contract=True)
+
+
+def wide_cases():
+    return fsdp_cases(world_sizes(), computes=(None, "fp16", "bf16"))
+
+
+def strategy_cases():
+    return fsdp_cases(world_sizes(), strategies=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"))
+
+
+def full_shard_cases():
+    return fsdp_cases(world_sizes(2), strategies=("FULL_SHARD",))
+
+
+def invariance_cases():
+    return fsdp_cases(world_sizes(), computes=(None, "bf16"), strategies=("FULL_SHARD",), steps=(1, 2))
+
+
+def delay_cases():
+    return fsdp_cases(world_sizes(2), delay=True, steps=(1, 2))
+
+
+def accumulation_cases():
+    return fsdp_cases(world_sizes(), strategies=("FULL_SHARD", "SHARD_GRAD_OP"), micro=(2, 3), steps=(1, 2))
+
+
+LAWS = (
+    Law("fsdp_trajectory_matches_one_process", CAPABILITY, CONTRACT, contract_cases, trajectory_parity, needs=("2 ranks",)),
+    Law("fsdp_shards_partition_the_parameters", CAPABILITY, CONTRACT, contract_cases, shard_algebra, needs=("2 ranks",)),
+    Law("fsdp_dtypes_fp32_master_compute_dtype_communication", CAPABILITY, CONTRACT, contract_cases, dtypes),
+    Law("fsdp_replicated_gradients_are_bit_identical", CAPABILITY, CONTRACT, contract_cases, replicated_gradients, needs=("2 ranks",)),
+    Law("fsdp_memory_at_rest_is_sharded", CAPABILITY, CONTRACT, contract_cases, memory_at_rest, needs=("2 ranks",)),
+    Law("fsdp_wider_models_match_one_process", CAPABILITY, API, wide_cases, trajectory_parity, needs=("2 ranks",), extra="tied, frozen, AdamW, bf16"),
+    Law("fsdp_strategies_match_one_process", CAPABILITY, API, strategy_cases, strategy_parity_and_memory, needs=("2 ranks",), extra="sharding strategies"),
+    Law("fsdp_full_shard_frees_after_forward", CAPABILITY, API, full_shard_cases, frees_after_forward, needs=("2 ranks",), extra="reshard after forward"),
+    Law("fsdp_strategies_give_the_same_bits", CAPABILITY, API, invariance_cases, strategy_invariance, needs=("2 ranks",), extra="strategy invariance"),
+    Law("fsdp_delayed_collectives_change_nothing", CAPABILITY, API, delay_cases, delay_invariance, needs=("2 ranks",), extra="delay injection"),
+    Law("fsdp_no_sync_accumulation_matches", CAPABILITY, API, accumulation_cases, trajectory_parity, needs=("2 ranks",), extra="no_sync accumulation"),
+)
+LAWS_BY_NAME = by_name(LAWS)
+
+
+def run_law(law: Law, target_spec: str, **settings_kwargs) -> None:
+    @settings(**settings_kwargs)
+    @given(case=law.cases())
+    def run(case):
+        law.check(target_spec, case)
+
+    run()
+
+
+def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
+    """The first line of the law's failure on the target, or None if the target passed."""
+    try:
+        run_law(
+            LAWS_BY_NAME[law_name],
+            target_spec,
+            max_examples=max_examples,
+            derandomize=True,
+            database=None,
+            phases=[Phase.explicit, Phase.generate],
+        )
+    except AssertionError as exc:
+        return (str(exc).splitlines() or [type(exc).__name__])[0]
+    return None

@@ -1,0 +1,107 @@
+"""The module-level functions run on every rank (``conformance.harness.run_on_ranks``)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from conformance.target import load_target
+
+from . import memory, model as models, spy
+from .strategies import FSDPCase, make_optimizer
+
+
+def _wrap(target, case: FSDPCase, module):
+    if case.strategy is None:
+        return target.call("get_fsdp", module, compute_dtype=case.compute_dtype)
+    return target.call("get_fsdp_strategy", module, case.strategy, compute_dtype=case.compute_dtype)
+
+
+def _owner_is_matrix(fsdp_model, name: str) -> bool:
+    parts = name.rsplit(".", 1)
+    mod = fsdp_model.module.get_submodule(parts[0]) if len(parts) == 2 else fsdp_model.module
+    return isinstance(mod, models.MATRIX_CLASSES)
+
+
+def _attr_holds_full(module, name: str, numel: int) -> bool:
+    """Does the attribute at ``name`` (module path + attribute) hold a full parameter's storage?"""
+    owner, _, attr = name.rpartition(".")
+    mod = module.get_submodule(owner) if owner else module
+    t = getattr(mod, attr, None)
+    if not isinstance(t, torch.Tensor):
+        return False
+    local = getattr(t, "_local_tensor", None)
+    if isinstance(local, torch.Tensor):
+        t = local
+    return t.numel() >= numel and memory.storage_bytes(t) >= numel * t.element_size()
+
+
+def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -> dict:
+    """Train ``case.steps`` steps on this rank's slice of every batch; report what a law needs."""
+    torch.use_deterministic_algorithms(True)
+    spy.install()
+    spy.SPY.reset(case.delay_s if ctx.rank == case.delay_rank else 0.0)
+    target = load_target(target_spec)
+    device = ctx.device
+    base = models.build(case, device)
+    matrices = models.matrix_names(base)
+    numels = {n: p.numel() for n, p in base.named_parameters(remove_duplicate=False)}
+    tied_names = {n for n, p in base.named_parameters(remove_duplicate=False) if p is base.embedding.weight} if case.tied else set()
+    spy.SPY.phase = "wrap"
+    fsdp_model = _wrap(target, case, base)
+    on_after_backward = target.factory("fsdp_on_after_backward")
+    gather = target.factory("fsdp_gather_full_params")
+    no_sync = target.factory("fsdp_no_sync") if case.micro > 1 else None
+    optimizer = make_optimizer(case, fsdp_model.parameters())
+    out = {"steps": [], "rank": ctx.rank}
+    for step in range(case.steps):
+        rec = {}
+        optimizer.zero_grad(set_to_none=True)
+        for micro in range(case.micro):
+            ids, labels = models.batch(case, step, micro, device)
+            sl = models.rank_slice(case, ctx.rank)
+            last = micro == case.micro - 1
+            ctx_mgr = contextlib.nullcontext() if last else no_sync(fsdp_model)
+            with ctx_mgr:
+                spy.SPY.phase = "forward"
+                loss = models.loss_of(fsdp_model(ids[sl]), labels[sl]) / case.micro
+                if observe and last:
+                    rec["full_attrs_after_forward"] = sorted(
+                        n for n in matrices if n not in tied_names and _attr_holds_full(fsdp_model.module, n, numels[n])
+                    )
+                    rec["bytes_after_forward"] = memory.reachable_bytes(fsdp_model, optimizer)
+                spy.SPY.phase = "backward"
+                loss.backward()
+        spy.SPY.phase = "after_backward"
+        on_after_backward(fsdp_model, optimizer)
+        spy.SPY.phase = "step"
+        if observe:
+            rec["bytes_after_backward"] = memory.reachable_bytes(fsdp_model, optimizer)
+            rec["full_attrs_after_backward"] = sorted(n for n in matrices if _attr_holds_full(fsdp_model.module, n, numels[n]))
+            rec["params"] = [
+                (tuple(p.shape), str(p.dtype), None if p.grad is None else (tuple(p.grad.shape), str(p.grad.dtype)), p.requires_grad)
+                for p in fsdp_model.parameters()
+            ]
+            rec["module_params"] = [
+                (n, tuple(p.shape), str(p.dtype), None if p.grad is None else (tuple(p.grad.shape), str(p.grad.dtype)))
+                for n, p in fsdp_model.module.named_parameters()
+                if p.requires_grad
+            ]
+            rec["replicated_grads"] = {
+                n: p.grad.detach().clone() for n, p in fsdp_model.module.named_parameters() if p.requires_grad and p.grad is not None and not _owner_is_matrix(fsdp_model, n)
+            }
+            replicated_ids = {id(p) for n, p in fsdp_model.module.named_parameters() if not _owner_is_matrix(fsdp_model, n)}
+            shards = [memory._local(p.detach()).reshape(-1) for p in fsdp_model.parameters() if p.requires_grad and id(p) not in replicated_ids]
+            rec["local_shard"] = torch.cat(shards).float() if shards else torch.zeros(0)
+        optimizer.step()
+        spy.SPY.phase = "gather"
+        full = gather(fsdp_model)
+        rec["full"] = {k: v.detach().clone() for k, v in full.items()}
+        if observe:
+            rec["bytes_after_step"] = memory.reachable_bytes(fsdp_model, optimizer)
+        out["steps"].append(rec)
+    out["collectives"] = list(spy.SPY.events)
+    spy.SPY.reset()
+    return out

@@ -1,0 +1,86 @@
+"""FSDP cases: Hypothesis strategies, pure functions of their arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from hypothesis import strategies as st
+
+DTYPES = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class FSDPCase:
+    world_size: int
+    vocab: int
+    widths: tuple[int, ...]
+    norms: bool
+    tied: bool
+    frozen: int | None  # index of a frozen Linear in ``layers``
+    compute: str | None  # None, "fp16", "bf16"
+    optimizer: str  # "SGD" or "AdamW"
+    lr: float
+    steps: int
+    batch_per_rank: int
+    seq: int
+    seed: int
+    strategy: str | None = None  # None: the CS336 get_fsdp; else get_fsdp_strategy(strategy)
+    micro: int = 1  # micro-batches per step: micro - 1 inside no_sync, then one synced
+    delay_rank: int | None = None  # this rank sleeps before every collective
+    delay_s: float = 0.0
+
+    @property
+    def compute_dtype(self):
+        return DTYPES[self.compute]
+
+    def with_(self, **kw) -> "FSDPCase":
+        return replace(self, **kw)
+
+
+widths_small = st.integers(1, 9)
+
+
+@st.composite
+def fsdp_cases(draw, world_sizes: st.SearchStrategy[int], *, computes=(None, "fp16", "bf16"), strategies=(None,), micro=(1,), delay=False, steps=(1, 3), contract=False):
+    """A random model, world size, precision, optimizer and number of steps.
+
+    ``contract``: CS336's shapes only (an Embedding, norms, Linears, an untied head, no
+    frozen parameter), SGD as in its test."""
+    world = draw(world_sizes)
+    depth = draw(st.integers(1, 3))
+    widths = list(draw(st.lists(widths_small, min_size=depth + 1, max_size=depth + 1)))
+    tied = False if contract else draw(st.booleans())
+    if tied:
+        widths[-1] = widths[0]
+    frozen = None if contract or depth < 2 else draw(st.one_of(st.none(), st.integers(0, depth - 1)))
+    delay_rank = draw(st.integers(0, world - 1)) if delay and world > 1 else None
+    return FSDPCase(
+        world_size=world,
+        vocab=draw(st.integers(2, 13)),
+        widths=tuple(widths),
+        norms=True if contract else draw(st.booleans()),
+        tied=tied,
+        frozen=frozen,
+        compute=draw(st.sampled_from(computes)),
+        optimizer="SGD" if contract else draw(st.sampled_from(["SGD", "AdamW"])),
+        lr=draw(st.sampled_from([0.01, 0.1, 0.5])),
+        steps=draw(st.integers(*steps)),
+        batch_per_rank=draw(st.integers(1, 3)),
+        seq=draw(st.integers(1, 4)),
+        seed=draw(st.integers(0, 2**16)),
+        strategy=draw(st.sampled_from(strategies)),
+        micro=draw(st.sampled_from(micro)),
+        delay_rank=delay_rank,
+        delay_s=0.005 if delay_rank is not None else 0.0,
+    )
+
+
+def make_optimizer(case: FSDPCase, params):
+    if case.optimizer == "SGD":
+        return torch.optim.SGD(params, lr=case.lr)
+    return torch.optim.AdamW(params, lr=case.lr * 0.1, weight_decay=0.1)
+
+
+def optimizer_state_bytes_per_element(case: FSDPCase) -> int:
+    return 0 if case.optimizer == "SGD" else 8
