@@ -200,6 +200,14 @@ def check_ring_parity(subject, case, probe: str = "none"):
     """Unsharded O, L and dQ, dK, dV equal single-process attention on the whole sequence
     (oracle tolerance)."""
     results = _on_ranks(rank.rank_ring, case, subject, case, probe)
+    lse_dtype = torch.float64 if case.dtype == torch.float64 else torch.float32
+    for r, res in enumerate(results):
+        wrong = {key: res[key].dtype for key in ("O", "dQ", "dK", "dV") if res[key].dtype != case.dtype}
+        if res["L"].dtype != lse_dtype:
+            wrong["L"] = res["L"].dtype
+        if wrong:
+            raise AssertionError(f"rank {r}: dtypes {wrong}; expected O and gradients in the input dtype {case.dtype}, "
+                                 f"L in {lse_dtype}")
     ref, eager, mags = _references(case)
     for key in ("O", "L", "dQ", "dK", "dV"):
         got = _unshard(results, key, case.layout)
