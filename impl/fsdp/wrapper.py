@@ -275,7 +275,8 @@ class FSDP(nn.Module):
             flat = torch.zeros(chunk * S, dtype=torch.float32, device=device)
             for s, e in zip(slots, entries):
                 flat[s.offset : s.offset + s.numel].copy_(e["param"].reshape(-1))
-            local = flat[self.shard_rank * chunk : (self.shard_rank + 1) * chunk].clone()
+            start = self._shard_start(chunk)
+            local = flat[start : start + chunk].clone()
         del flat
         shard = nn.Parameter(local, requires_grad=trainable) if trainable else local
         if trainable:
@@ -301,6 +302,14 @@ class FSDP(nn.Module):
             unit.module.register_forward_hook(lambda m, a, out, u=unit: self._post_forward(u, out))
         for _, p in self._replicated:
             p.register_post_accumulate_grad_hook(self._on_replicated_grad)
+
+    def _shard_start(self, chunk: int) -> int:
+        """Where this rank's shard starts in a unit's padded flat buffer."""
+        return self.shard_rank * chunk
+
+    def _average(self, summed: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks -> mean over ranks, in place."""
+        return summed.div_(self.world_size)
 
     # --- gather and free ---------------------------------------------------------------
 
@@ -427,11 +436,11 @@ class FSDP(nn.Module):
             if isinstance(target, _Flat):
                 if across_replicas:
                     comm.all_reduce_sum(out, self.replicate_group, async_op=False)
-                grad = out.div_(self.world_size).to(torch.float32)
+                grad = self._average(out).to(torch.float32)
                 shard = target.shard
                 shard.grad = grad if shard.grad is None else shard.grad.add_(grad)
             else:
-                target.grad.div_(self.world_size)
+                self._average(target.grad)
         for unit in self._units:
             for flat in unit.flats:
                 if flat.gathered or flat.pending is not None:

@@ -38,18 +38,17 @@ class FSDPCase:
         return replace(self, **kw)
 
 
-widths_small = st.integers(1, 9)
 
 
 @st.composite
-def fsdp_cases(draw, world_sizes: st.SearchStrategy[int], *, computes=(None, "fp16", "bf16"), strategies=(None,), micro=(1,), delay=False, steps=(1, 3), contract=False):
+def fsdp_cases(draw, world_sizes: st.SearchStrategy[int], *, computes=(None, "fp16", "bf16"), strategies=(None,), micro=(1,), delay=False, steps=(1, 3), contract=False, widths=(1, 9), depths=(1, 3)):
     """A random model, world size, precision, optimizer and number of steps.
 
     ``contract``: CS336's shapes only (an Embedding, norms, Linears, an untied head, no
     frozen parameter), SGD as in its test."""
     world = draw(world_sizes)
-    depth = draw(st.integers(1, 3))
-    widths = list(draw(st.lists(widths_small, min_size=depth + 1, max_size=depth + 1)))
+    depth = draw(st.integers(*depths))
+    widths = list(draw(st.lists(st.integers(*widths), min_size=depth + 1, max_size=depth + 1)))
     tied = False if contract else draw(st.booleans())
     if tied:
         widths[-1] = widths[0]
@@ -57,7 +56,7 @@ def fsdp_cases(draw, world_sizes: st.SearchStrategy[int], *, computes=(None, "fp
     delay_rank = draw(st.integers(0, world - 1)) if delay and world > 1 else None
     return FSDPCase(
         world_size=world,
-        vocab=draw(st.integers(2, 13)),
+        vocab=draw(st.integers(2, 13)) if widths[0] < 6 else draw(st.integers(6, 24)),
         widths=tuple(widths),
         norms=True if contract else draw(st.booleans()),
         tied=tied,
