@@ -101,15 +101,18 @@ def check_cross_entropy(case, results):
     grad = _cat_shards(results, "grad", -1)
     if grad.shape != grad64.shape:
         raise AssertionError(f"logit gradient shards concatenate to {tuple(grad.shape)}, expected {tuple(grad64.shape)}")
-    _close("logit gradient (shards concatenated)", grad, grad64, grad_p, dtype, _softmax_grad_magnitude(logits, grad64))
+    _close("logit gradient (shards concatenated)", grad, grad64, grad_p, dtype, _softmax_grad_magnitude(logits, grad64, targets, dy, case))
 
 
-def _softmax_grad_magnitude(logits, grad64):
-    """softmax_v - [v == t] carries the rounding of its exponent's argument x_v - max x:
-    |grad| (1 + |x_v - max x|) ulps, and one ulp of the 1 at the target."""
+def _softmax_grad_magnitude(logits, grad64, targets, dy, case):
+    """w (softmax_v - [v == t]) carries the rounding of its exponent's argument
+    x_v - max x (|grad| (1 + |x_v - max x|) ulps) and of the term w [v == t] it cancels
+    against (w = dy for 'none', 1 for 'sum', 1 / count for 'mean')."""
     x = logits.double()
     spread = (x - x.amax(-1, keepdim=True)).abs()
-    return grad64.abs() * (1 + spread) + grad64.abs().amax(-1, keepdim=True)
+    counts = (targets != case.ignore_index).double()
+    w = {"none": dy.double().abs(), "sum": torch.ones_like(counts), "mean": torch.full_like(counts, 1 / max(1.0, float(counts.sum())))}[case.reduction]
+    return grad64.abs() * (1 + spread) + (w * counts).unsqueeze(-1)
 
 
 def check_cross_entropy_shift(case, results):
@@ -129,7 +132,7 @@ def check_cross_entropy_shift(case, results):
             raise AssertionError(f"rank {r}: loss of logits shifted by {case.shift} is not finite ({loss.flatten()[:4].tolist()})")
         _close(f"rank {r}: loss of logits + {case.shift} vs loss of logits", loss, loss64, loss32, F32, mag)
     _close(f"logit gradient of logits + {case.shift} vs of logits", _cat_shards(results, "grad", -1), grad64, grad32, F32,
-           grad64.abs() + 1e-30)
+           _softmax_grad_magnitude(unshifted, grad64, targets, dy, case))
 
 
 def check_block(case, results):

@@ -23,7 +23,7 @@ from .strategies import block_cases, column_cases, cross_entropy_cases, embeddin
 
 CAPABILITY = "tensor parallelism"
 CASE_TIMEOUT_S = 120.0
-MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True, report_multiple_bugs=False)
+MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True, report_multiple_bugs=False, deadline=None)
 
 
 def _runner(rank_fn, check_fn):
