@@ -25,7 +25,13 @@ Contract
     the gradient of that output back; both are point-to-point, non-blocking sends and
     blocking receives tagged by (activation or gradient, micro-batch), each preceded by
     a small int64 header with the dtype and shape.  Every send is waited on before
-    return.  A stage keeps, per micro-batch in flight, its input and its output (the
+    return.  NCCL ignores tags and serialises the sends and receives of one pair of
+    ranks on one stream, where a send may wait for its receive: 1F1B's steady state
+    (stage s sends an activation, then waits for a gradient that stage s + 1 sends
+    before it receives that activation) would deadlock.  So under NCCL, activations and
+    gradients travel on two process groups of their own (created once per group, on
+    first use, by every rank of the world), each carrying one direction per pair of
+    neighbours in the order both sides issue it (micro-batch order).  A stage keeps, per micro-batch in flight, its input and its output (the
     autograd graph between them) until that micro-batch's backward; at most
     ``max_in_flight`` of them at once (recorded on the returned ``StepStats`` of
     ``run_actions``).
@@ -57,6 +63,21 @@ def _group_info(group):
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     to_global = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
     return rank, size, to_global
+
+
+_CHANNELS: dict = {}
+
+
+def _channels(group):
+    """(activation group, gradient group): the group itself on gloo; two groups over the
+    same ranks on NCCL (see the module docstring)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_backend(group) != "nccl":
+        return group, group
+    key = id(group) if group is not None else None
+    if key not in _CHANNELS:
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+        _CHANNELS[key] = (dist.new_group(ranks), dist.new_group(ranks))
+    return _CHANNELS[key]
 
 
 def _split(batch: torch.Tensor, n: int, what: str):
@@ -91,6 +112,7 @@ def run_actions(stage_module, actions, inputs, targets, loss_fn, n_microbatches,
         device = (inputs if first else targets).device if (first or last) else torch.device("cpu")
     prev_rank = to_global(stage - 1) if not first else None
     next_rank = to_global(stage + 1) if not last else None
+    act_group, grad_group = _channels(group)
 
     stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     pending = []
@@ -110,7 +132,7 @@ def run_actions(stage_module, actions, inputs, targets, loss_fn, n_microbatches,
             if first:
                 x = xs[mb]
             else:
-                x = recv_tensor(prev_rank, ACTIVATION, mb, device, group)
+                x = recv_tensor(prev_rank, ACTIVATION, mb, device, act_group)
                 x.requires_grad_(x.is_floating_point())
             out = stage_module(x)
             if not isinstance(out, torch.Tensor):
@@ -120,7 +142,7 @@ def run_actions(stage_module, actions, inputs, targets, loss_fn, n_microbatches,
                 total = loss.detach() if total is None else total + loss.detach()
                 stash[mb] = (x, loss / normalizer)
             else:
-                pending += send_tensor(out, next_rank, ACTIVATION, mb, group)
+                pending += send_tensor(out, next_rank, ACTIVATION, mb, act_group)
                 stash[mb] = (x, out)
             max_in_flight = max(max_in_flight, len(stash))
             peak_bytes = max(peak_bytes, sum(_tensor_bytes(o) for _, o in stash.values()))
@@ -131,11 +153,11 @@ def run_actions(stage_module, actions, inputs, targets, loss_fn, n_microbatches,
             if last:
                 out.backward()
             else:
-                grad = recv_tensor(next_rank, GRADIENT, mb, device, group)
+                grad = recv_tensor(next_rank, GRADIENT, mb, device, grad_group)
                 out.backward(grad)
             if not first:
                 grad_in = x.grad if x.grad is not None else torch.zeros_like(x)
-                pending += send_tensor(grad_in, prev_rank, GRADIENT, mb, group)
+                pending += send_tensor(grad_in, prev_rank, GRADIENT, mb, grad_group)
         else:
             raise ValueError(f"unknown action kind {kind!r} in {action!r}; expected 'F' or 'B'")
     for handle, _buffer in pending:
