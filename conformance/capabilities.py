@@ -76,6 +76,27 @@ def ddp(c: Check) -> str:
     return f"DDP {m.group(1)}" if m else "DDP"
 
 
+# --- tiers: (check) -> (tier, extra) --------------------------------------------------------
+
+CONTRACT, API = "contract", "api"  # as conformance.lawbook names them
+
+
+def tier_by_name(c: Check) -> tuple[str, str]:
+    """The contract tier for ``test_contract_*`` and ``test_cs336_*`` tests; every other test
+    is an extra of the wider API, named by its law or case (the parameter id, less a leading
+    flavour) or else its function name."""
+    if c.func.startswith(("test_contract", "test_cs336")):
+        return CONTRACT, ""
+    params = _ATTENTION_FLAVOUR.sub("", c.params, count=1) if _ATTENTION_FLAVOUR.match(c.params) else c.params
+    params = _DDP_FLAVOUR.sub("", params, count=1) if _DDP_FLAVOUR.match(params) else params
+    name = params or c.func.removeprefix("test_").removeprefix("api_")
+    return API, name.replace("_", " ").strip(" -")
+
+
+def tier_of_nodeid(nodeid: str) -> tuple[str, str]:
+    return tier_by_name(parse_nodeid(nodeid))
+
+
 # --- the table -----------------------------------------------------------------------------
 
 MODULES: dict[str, Callable[[Check], str]] = {
@@ -111,6 +132,27 @@ MODULES: dict[str, Callable[[Check], str]] = {
     "properties.test_pipeline": fixed("pipeline parallel"),
     "conformance.spec.test_pipeline": fixed("pipeline parallel"),
 }
+
+# Which test modules check each capability of the protocol (conformance.target.CAPABILITY_FACTORIES):
+# a capability with none reads "no checks yet" in every report.
+FAMILY_MODULES = {
+    "attention pytorch": ("conformance.spec.test_attention", "properties.test_attention"),
+    "attention triton": ("conformance.spec.test_attention", "properties.test_attention"),
+    "DDP individual": ("conformance.spec.test_ddp", "properties.test_ddp"),
+    "DDP bucketed": ("conformance.spec.test_ddp", "properties.test_ddp"),
+    "DDP ddp2026": ("conformance.spec.test_ddp", "properties.test_ddp"),
+    "sharded optimizer": ("conformance.spec.test_sharded_optimizer", "properties.test_sharded_optimizer"),
+    "FSDP": ("conformance.spec.test_fsdp", "properties.test_fsdp"),
+    "context parallel": ("conformance.spec.test_context_parallel", "properties.test_context_parallel"),
+    "tensor parallel": ("conformance.spec.test_tensor_parallel", "properties.test_tensor_parallel"),
+    "pipeline parallel": ("conformance.spec.test_pipeline", "properties.test_pipeline"),
+}
+
+
+def has_checks(family: str, exists) -> bool:
+    """Whether the suite has a test module for ``family`` (``exists(module) -> bool``)."""
+    return any(exists(m) for m in FAMILY_MODULES.get(family, ()))
+
 
 # Packages whose every module is a self-check (the suite's and perf's own tests).
 SELF_PACKAGES = ("conformance.selftests", "perf.tests", "perf")

@@ -18,7 +18,7 @@ NaN or Inf where the reference is finite never passes.
 Where the compared tensors are the same arithmetic (DDP replicas, a sharded optimizer
 against the unsharded one) use ``assert_bitwise_equal`` instead.
 
-Calibration (``python -m conformance.oracle`` re-measures it): over 120 random attention
+Calibration (``python -m conformance.laws.attention.magnitudes`` re-measures it): over 120 random attention
 cases in fp32, fp16 and bf16, the tiled PyTorch FA2's worst (|err| - floor) / eager error
 was 0.5 (fp32 O) and 0 elsewhere; FACTOR = 4 leaves room for other summation orders while
 every kept mutant misses by orders of magnitude.

@@ -25,26 +25,31 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 
 import pytest
 
-from conformance.capabilities import SELF, capability_of_nodeid, unknown_modules
+from conformance.capabilities import CONTRACT, SELF, capability_of_nodeid, tier_of_nodeid, unknown_modules
 
 STATUS_ORDER = ("FAILS", "conforms", "not offered", "not run here")
 
 
 @dataclass
-class CapabilityResult:
-    capability: str
+class Counts:
+    """Outcomes of a set of checks."""
+
     passed: int = 0
     failed: int = 0
     not_offered: int = 0
     skipped: int = 0
     unreported: int = 0  # collected but never reported: a crashed worker, a stopped run
     skip_reasons: list = field(default_factory=list)
-    failures: list = field(default_factory=list)  # {"test", "message", "counterexample", "replay"}
+
+    @property
+    def total(self) -> int:
+        return self.passed + self.failed + self.not_offered + self.skipped + self.unreported
 
     @property
     def status(self) -> str:
@@ -67,6 +72,47 @@ class CapabilityResult:
         return "; ".join(reasons[:3]) + (" ..." if len(reasons) > 3 else "")
 
 
+@dataclass
+class CapabilityResult:
+    """One row: the contract tier's verdict, then the extras beyond it (each its own check)."""
+
+    capability: str
+    contract: Counts = field(default_factory=Counts)
+    api: Counts = field(default_factory=Counts)
+    extras: dict = field(default_factory=dict)  # extra -> Counts
+    failures: list = field(default_factory=list)  # {"test", "tier", "message", "counterexample", "replay"}
+
+    def counts(self, tier: str, extra: str = "") -> list:
+        if tier == CONTRACT:
+            return [self.contract]
+        return [self.api, self.extras.setdefault(extra or "other", Counts())]
+
+    # totals, for callers that read a row as one set of checks
+    passed = property(lambda self: self.contract.passed + self.api.passed)
+    failed = property(lambda self: self.contract.failed + self.api.failed)
+    unreported = property(lambda self: self.contract.unreported + self.api.unreported)
+
+    @property
+    def status(self) -> str:
+        """The contract verdict; without contract checks in this run, the wider checks' verdict."""
+        return self.contract.status if self.contract.total else self.api.status
+
+    def beyond(self) -> dict:
+        ran = {name: c for name, c in self.extras.items() if c.passed or c.failed or c.unreported}
+        missing = sorted(name for name, c in ran.items() if c.status == "FAILS")
+        not_offered = sorted(name for name, c in self.extras.items() if c.status == "not offered")
+        return {"passed": len(ran) - len(missing), "total": len(ran) + len(not_offered),
+                "missing": missing + [f"{n} (not offered)" for n in not_offered]}
+
+    def why(self) -> str:
+        b = self.beyond()
+        missing = f", missing: {', '.join(b['missing'][:6])}" + (" ..." if len(b["missing"]) > 6 else "") if b["missing"] else ""
+        beyond = f"beyond the contract: {b['passed']} of {b['total']}{missing}" if b["total"] else ""
+        if self.contract.total:
+            return f"contract: {self.contract.why()}" + (f"; {beyond}" if beyond else "")
+        return f"{self.api.why()} (no contract checks in this run" + (f"; {beyond})" if beyond else ")")
+
+
 def capability_of(item) -> str:
     return capability_of_nodeid(item.nodeid)
 
@@ -82,6 +128,10 @@ def _counterexample(text: str) -> str:
         if s.startswith(("Falsifying example", "AttentionCase(", "case=", "Case(")) or "Case(" in s[:40]:
             lines.append(s)
     return " ".join(dict.fromkeys(lines))[:600]
+
+
+def _tier_label(tier: str, extra: str) -> str:
+    return "contract" if tier == CONTRACT else f"beyond the contract: {extra}"
 
 
 NEVER_REPORTED = "never reported: the run ended before this check finished (a crashed worker or a stopped run)"
@@ -132,32 +182,49 @@ class ConformanceReport:
         if report.when == "call" or report.failed or report.skipped:
             self.reported.add(report.nodeid)  # a failed setup/teardown or a crash ("???") counts too
         res = self._result(self._capability(report))
+        tier, extra = tier_of_nodeid(report.nodeid)
+        counts = res.counts(tier, extra)
         if report.when == "call" and report.passed:
-            res.passed += 1
+            for c in counts:
+                c.passed += 1
         elif report.failed:
             text = report.longreprtext or ""
             # xdist heads a worker's report with "[gw0] linux -- Python ..."; the cause follows
             lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not re.match(r"\[gw\d+\] ", ln)]
             first = next((ln for ln in lines if ln.startswith("E ")), lines[0] if lines else "")
-            replay = _REPLAY.search(text)
-            seed = _SEED.search(text)
-            res.failed += 1
+            blob = _REPLAY.search(text)
+            for c in counts:
+                c.failed += 1
             res.failures.append(
                 {
                     "test": report.nodeid,
+                    "tier": _tier_label(tier, extra),
                     "message": first.lstrip("E").strip()[:400],
                     "counterexample": _counterexample(text),
-                    "replay": " ".join(x.group(1) for x in (replay, seed) if x),
+                    "replay": self.replay_command(report.nodeid),
+                    "blob": blob.group(1) if blob else "",
                 }
             )
         elif report.skipped:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             reason = reason.removeprefix("Skipped: ")
-            if reason.startswith("not offered"):
-                res.not_offered += 1
-            else:
-                res.skipped += 1
-            res.skip_reasons.append(reason)
+            for c in counts:
+                if reason.startswith("not offered"):
+                    c.not_offered += 1
+                else:
+                    c.skipped += 1
+                c.skip_reasons.append(reason)
+
+    def replay_command(self, nodeid: str) -> str:
+        """One line that re-runs the check; Hypothesis's database replays the shrunk example."""
+        parts = ["python -m pytest", shlex.quote(nodeid), "-p no:xdist"]
+        target = self.config.getoption("--target", None)
+        if target:
+            parts.append(f"--target {shlex.quote(target)}")
+        device = self.config.getoption("--device", None)
+        if device and device != "auto":
+            parts.append(f"--device {device}")
+        return " ".join(parts)
 
     def count_unreported(self):
         """Fail, by capability, every collected test that never reported an outcome (once)."""
@@ -166,13 +233,35 @@ class ConformanceReport:
                 continue
             self.reported.add(nodeid)
             res = self._result(cap)
-            res.unreported += 1
-            res.failures.append({"test": nodeid, "message": NEVER_REPORTED, "counterexample": "", "replay": ""})
+            tier, extra = tier_of_nodeid(nodeid)
+            for c in res.counts(tier, extra):
+                c.unreported += 1
+            res.failures.append({"test": nodeid, "tier": _tier_label(tier, extra), "message": NEVER_REPORTED, "counterexample": "",
+                                 "replay": self.replay_command(nodeid), "blob": ""})
 
     # -- output ---------------------------------------------------------------------
 
     def rows(self):
         return sorted(self.results.values(), key=lambda r: r.capability)
+
+    def unchecked(self) -> list[tuple[str, str]]:
+        """(capability, why) for each capability of the protocol with no row in this run."""
+        from pathlib import Path
+
+        from conformance.capabilities import has_checks
+        from conformance.target import CAPABILITY_FACTORIES
+
+        root = Path(__file__).resolve().parents[1]
+        exists = lambda m: (root / (m.replace(".", "/") + ".py")).exists()  # noqa: E731
+        missing = []
+        for family in CAPABILITY_FACTORIES:
+            if any(r.capability == family or r.capability.startswith(family + " ") for r in self.rows()):
+                continue
+            if has_checks(family, exists):
+                missing.append((family, "not checked in this run (no check of it was selected)"))
+            else:
+                missing.append((family, "no checks yet: the suite does not check this capability yet"))
+        return missing
 
     def target_note(self) -> str | None:
         """A target may say how it departs from the protocol (e.g. an adapter computing L itself)."""
@@ -192,12 +281,14 @@ class ConformanceReport:
         out += ["| capability | status | detail |", "|---|---|---|"]
         for r in self.rows():
             out.append(f"| {r.capability} | {r.status} | {r.why()} |")
+        for family, why in self.unchecked():
+            out.append(f"| {family} | {'no checks yet' if why.startswith('no checks') else 'not checked'} | {why} |")
         fails = [r for r in self.rows() if r.failures]
         if fails:
             out += ["", "## Failures"]
             for r in fails:
                 for f in r.failures[:5]:
-                    out.append(f"- **{r.capability}** `{f['test']}`: {f['message']}")
+                    out.append(f"- **{r.capability}** ({f['tier']}) `{f['test']}`: {f['message']}")
                     if f["counterexample"]:
                         out.append(f"  - counterexample: `{f['counterexample']}`")
                     if f["replay"]:
@@ -211,14 +302,25 @@ class ConformanceReport:
             "note": self.target_note(),
             "collected": len(self.collected),
             "never_reported": sum(r.unreported for r in self.rows()),
-            "capabilities": [dict(asdict(r), status=r.status, detail=r.why()) for r in self.rows()],
+            "capabilities": [
+                {
+                    "capability": r.capability, "status": r.status, "detail": r.why(),
+                    "passed": r.passed, "failed": r.failed, "unreported": r.unreported,
+                    "contract": dict(asdict(r.contract), status=r.contract.status if r.contract.total else "none in this run"),
+                    "beyond_the_contract": r.beyond(),
+                    "failures": r.failures,
+                }
+                for r in self.rows()
+            ]
+            + [{"capability": family, "status": "no checks yet" if why.startswith("no checks") else "not checked", "detail": why}
+               for family, why in self.unchecked()],
         }
 
     def pytest_terminal_summary(self, terminalreporter):
         if self.config.option.collectonly:
             return
         self.count_unreported()
-        if not self.results:
+        if not self.results and not self.collected:
             return
         tr = terminalreporter
         tr.section("conformance report")
@@ -227,12 +329,17 @@ class ConformanceReport:
         note = self.target_note()
         if note:
             tr.write_line(f"note: {note}")
-        width = max(len(r.capability) for r in self.rows())
+        unchecked = self.unchecked()
+        width = max(len(name) for name in [r.capability for r in self.rows()] + [f for f, _ in unchecked])
         for r in self.rows():
             markup = {"FAILS": {"red": True, "bold": True}, "conforms": {"green": True}}.get(r.status, {"yellow": True})
             tr.write(f"  {r.capability:<{width}}  ")
             tr.write(f"{r.status:<13}", **markup)
             tr.write_line(f"  {r.why()}")
+        for family, why in unchecked:
+            tr.write(f"  {family:<{width}}  ")
+            tr.write(f"{'no checks yet' if why.startswith('no checks') else 'not checked':<13}", yellow=True)
+            tr.write_line(f"  {why}")
         unreported = sum(r.unreported for r in self.rows())
         if unreported:
             tr.write_line(
@@ -243,7 +350,8 @@ class ConformanceReport:
             )
         for r in self.rows():
             for f in r.failures[:3]:
-                tr.write_line(f"  FAIL {r.capability}: {f['message']}")
+                tr.write_line(f"  FAIL {r.capability} ({f['tier']}): {f['message']}")
+                tr.write_line(f"       check: {f['test']}")
                 if f["counterexample"]:
                     tr.write_line(f"       counterexample: {f['counterexample']}")
                 if f["replay"]:
@@ -263,9 +371,9 @@ class ConformanceReport:
 
 
 def pytest_addoption(parser):
-    parser.getgroup("conformance").addoption(
-        "--conformance-report", default=None, help="also write the conformance report as JSON and Markdown to PATH"
-    )
+    group = parser.getgroup("conformance")
+    group.addoption("--conformance-report", default=None, help="also write the conformance report as JSON and Markdown to PATH")
+    group.addoption("--contract-only", action="store_true", help="run the course-contract tier alone (fast)")
 
 
 def pytest_configure(config):
@@ -282,3 +390,9 @@ def pytest_collection_modifyitems(session, config, items):
             "not in the capability table (conformance/capabilities.py): " + ", ".join(missing)
             + "; add each module with the rule that names its capability"
         )
+    if config.getoption("--contract-only", False):
+        keep = [i for i in items if capability_of_nodeid(i.nodeid) == SELF or tier_of_nodeid(i.nodeid)[0] == CONTRACT]
+        dropped = [i for i in items if i not in keep]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep

@@ -42,6 +42,17 @@ ATTENTION_FACTORIES = {
     "pytorch": "get_flashattention_autograd_function_pytorch",
     "triton": "get_flashattention_autograd_function_triton",
 }
+# Every capability of the protocol (a report row each) and the entry points that offer it.
+CAPABILITY_FACTORIES = {
+    "attention pytorch": ("get_flashattention_autograd_function_pytorch",),
+    "attention triton": ("get_flashattention_autograd_function_triton",),
+    "DDP individual": ("get_ddp_individual_parameters", "ddp_individual_parameters_on_after_backward"),
+    "DDP bucketed": ("get_ddp_bucketed", "ddp_bucketed_on_after_backward"),
+    "DDP ddp2026": ("get_ddp", "ddp_on_after_backward"),
+    "sharded optimizer": ("get_sharded_optimizer",),
+    "FSDP": ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params"),
+}
+
 ALL_FACTORY_NAMES = (
     "get_flashattention_autograd_function_pytorch",
     "get_flashattention_autograd_function_triton",

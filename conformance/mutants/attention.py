@@ -26,6 +26,8 @@ TILE = 16
 def _forward(q, k, v, is_causal, scale, bugs):
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     acc_dtype = torch.float16 if "fp16_accumulators" in bugs else work
+    if "input_precision_accumulators" in bugs:
+        acc_dtype = q.dtype  # O and l summed in bf16 when the inputs are bf16
     if scale is None:
         scale = 1.0 / q.shape[-1] if "scale_one_over_d" in bugs else 1.0 / math.sqrt(q.shape[-1])
     qf, kf, vf = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
@@ -149,6 +151,8 @@ SPECS = (
            ("constant_values_give_constant_output", "forward_matches_float64_reference")),
     BuggyFlashSpec("batch_mixing", "every batch element attends to batch element 0's keys",
            ("batch_elements_are_independent", "forward_matches_float64_reference")),
+    BuggyFlashSpec("input_precision_accumulators", "O and the softmax denominator l accumulated in the input precision (bf16)",
+           ("contract_long_sequences_in_bf16_match_float64_reference",)),
     BuggyFlashSpec("nondeterministic", "forward adds 1-ulp noise on some calls (e.g. an unordered atomic reduction)",
            ("forward_is_bitwise_deterministic",)),
     BuggyFlashSpec("saves_flattened_lse", "L saved as (B*H, N) instead of q.shape[:-1], breaking the CS336 contract",

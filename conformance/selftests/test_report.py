@@ -82,7 +82,8 @@ def test_self_checks_never_enter_a_targets_report():
     report.pytest_xdist_node_collection_finished(node=None, ids=ids)
     for nodeid in ids:
         report.pytest_runtest_logreport(_report(nodeid, "passed"))
-    assert report.as_json()["capabilities"] == [] and report.as_json()["collected"] == 0
+    rows = [r for r in report.as_json()["capabilities"] if r["status"] not in ("not checked", "no checks yet")]
+    assert rows == [] and report.as_json()["collected"] == 0
 
 
 def test_a_crashed_worker_report_without_a_label_fails_its_capability():
@@ -106,7 +107,9 @@ def test_a_collected_check_that_never_reported_fails_its_capability():
     row = _row(report, "attention triton causal")
     assert row["status"] == "FAILS" and row["unreported"] == 1, row
     assert "never reported" in row["detail"]
-    assert row["failures"] == [{"test": CAUSAL[2], "message": NEVER_REPORTED, "counterexample": "", "replay": ""}]
+    (failure,) = row["failures"]
+    assert failure["test"] == CAUSAL[2] and failure["message"] == NEVER_REPORTED and failure["tier"] == "beyond the contract: causal c"
+    assert failure["replay"].startswith(f"python -m pytest '{CAUSAL[2]}'")
     assert out["collected"] == 3 and out["never_reported"] == 1
     report.as_json()  # counting again does not count twice
     assert _row(report, "attention triton causal")["unreported"] == 1
@@ -150,7 +153,7 @@ def test_a_run_whose_worker_crashes_reports_fails_not_conforms(pytester, monkeyp
     assert "FAILS" in line and "1 failed, 1 passed, 1 never reported" in line, out[-3000:]
     assert "conforms" not in line
     assert "1 of 3 collected checks never reported" in out, out[-3000:]
-    assert "FAIL attention triton causal: worker 'gw0' crashed while running" in out, out[-3000:]
+    assert "FAIL attention triton causal (beyond the contract: causal b): worker 'gw0' crashed while running" in out, out[-3000:]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="os._exit semantics")
@@ -177,3 +180,32 @@ def test_a_run_stopped_early_reports_the_checks_it_never_ran(pytester, monkeypat
     out = result.stdout.str()
     line = next((ln for ln in out.splitlines() if "attention triton causal" in ln and "FAIL " not in ln), "")
     assert "FAILS" in line and "2 never reported" in line, out[-3000:]
+
+
+def test_every_capability_of_the_protocol_has_a_row_even_without_checks():
+    report = _controller()
+    report.pytest_xdist_node_collection_finished(node=None, ids=CAUSAL[:1])
+    report.pytest_runtest_logreport(_report(CAUSAL[0], "passed"))
+    rows = {r["capability"]: r for r in report.as_json()["capabilities"]}
+    from conformance.target import CAPABILITY_FACTORIES
+
+    for family in CAPABILITY_FACTORIES:
+        assert family in rows or any(name.startswith(family + " ") for name in rows), family
+    assert rows["attention pytorch"]["status"] == "not checked"
+
+
+def test_the_contract_verdict_leads_and_a_failing_extra_only_lowers_the_count():
+    report = _controller()
+    contract = "conformance/spec/test_attention.py::test_cs336_contract[pytorch-cs336_noncausal_forward_backward]"
+    extras = [f"conformance/spec/test_attention.py::test_api_contract[pytorch-{x}_backward]" for x in ("four_d", "scale")]
+    report.pytest_xdist_node_collection_finished(node=None, ids=[contract] + extras)
+    report.pytest_runtest_logreport(_report(contract, "passed"))
+    report.pytest_runtest_logreport(_report(extras[0], "passed"))
+    report.pytest_runtest_logreport(_report(extras[1], "failed", longrepr="E   AssertionError: wrong scale"))
+    row = _row(report, "attention pytorch backward")
+    assert row["status"] == "conforms", row
+    assert row["beyond_the_contract"] == {"passed": 1, "total": 2, "missing": ["scale backward"]}
+    assert "contract: 1 passed; beyond the contract: 1 of 2, missing: scale backward" == row["detail"]
+    assert row["failures"][0]["tier"] == "beyond the contract: scale backward"
+    report.pytest_runtest_logreport(_report(contract.replace("noncausal", "x"), "failed", longrepr="E   AssertionError: O"))
+    assert _row(report, "attention pytorch backward")["status"] == "FAILS"

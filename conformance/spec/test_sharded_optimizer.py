@@ -83,7 +83,7 @@ def rank_toy_model(ctx, target_spec, n_steps):
     return [p.detach() for p in model.parameters()], [p.detach() for p in reference.parameters()]
 
 
-def test_toy_model_two_ranks_adamw_matches_unsharded(target, device):
+def test_contract_toy_model_two_ranks_adamw_matches_unsharded(target, device):
     """CS336's case in our words: world size 2, AdamW, 5 steps, every rank = unsharded."""
     if max(available_world_sizes(device.type)) < 2:
         pytest.skip("needs 2 GPUs")

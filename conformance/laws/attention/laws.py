@@ -17,9 +17,19 @@ from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
 from conformance import oracle
-from conformance.lawbook import API, Law, by_name
+from conformance.verdicts import NeedsHardware
+from conformance.lawbook import API, CONTRACT, Law, by_name
 from conformance.laws.attention.magnitudes import attention_magnitudes
-from conformance.laws.attention.strategies import AttentionCase, Budget, attention_cases, boundary_cases, budget_for, tiny_float64_cases
+from conformance.laws.attention.strategies import (
+    AttentionCase,
+    Budget,
+    attention_cases,
+    boundary_cases,
+    budget_for,
+    contract_cases,
+    contract_lengths,
+    tiny_float64_cases,
+)
 from impl.attention.reference import attention_reference
 
 
@@ -247,13 +257,43 @@ LAWS = (
     _law(forward_is_bitwise_deterministic),
     _law(float64_gradcheck, lambda b, c: tiny_float64_cases(), flavours=("pytorch",)),
 )
-LAWS_BY_NAME = by_name(LAWS)
+
+
+
+def _contract(name, check, long=False, causal=None, flavours=()):
+    # Only the course's shapes, dtypes and flags (strategies.contract_cases); no extra examples.
+    return Law(name, "attention", CONTRACT, lambda b, c, fl: contract_cases(b, fl, long=long, causal=causal), check,
+               flavours=flavours)
+
+
+CONTRACT_LAWS = (
+    _contract("contract_forward_matches_float64_reference", forward_matches_float64_reference),
+    _contract("contract_gradients_match_float64_reference", gradients_match_float64_reference),
+    _contract("contract_logsumexp_is_row_logsumexp", logsumexp_is_row_logsumexp_and_at_least_row_max),
+    _contract("contract_causal_output_ignores_future_keys", causal_output_ignores_future_keys, causal=True, flavours=("triton",)),
+    _contract("contract_long_sequences_in_bf16_match_float64_reference", forward_matches_float64_reference, long=True),
+)
+LAWS_BY_NAME = by_name(LAWS + CONTRACT_LAWS)
+
+
+LONG_CPU_EXAMPLES = 3
 
 
 def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> None:
-    """Run one law under Hypothesis against ``attn``; raises the shrunk counterexample."""
+    """Run one law under Hypothesis against ``attn``; raises the shrunk counterexample.
+
+    A contract law draws contract cases only and tries no extra examples; a wider law tries
+    the boundary cases first (causal, one row past a tile multiple) in every profile."""
     budget = budget_for(flavour, torch.device(device))
-    strategy = law.cases(budget, accepts_scale(attn))
+    if law.tier == CONTRACT:
+        long = "long" in law.name
+        if not contract_lengths(budget, flavour, long):
+            raise NeedsHardware("needs a GPU: sequences in the thousands are too slow for the Triton interpreter")
+        strategy = law.cases(budget, False, flavour)
+        if long and torch.device(device).type == "cpu":  # seconds an example on the CPU: a few suffice
+            settings_overrides.setdefault("max_examples", LONG_CPU_EXAMPLES)
+    else:
+        strategy = law.cases(budget, accepts_scale(attn))
 
     @settings(**settings_overrides)
     @given(case=strategy)
@@ -261,7 +301,7 @@ def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> Non
         note(repr(case))
         law.check(attn, case, device)
 
-    if law.cases is not LAWS_BY_NAME["float64_gradcheck"].cases:
+    if law.tier != CONTRACT and law.name != "float64_gradcheck":
         for case in boundary_cases(budget):  # always tried first, in every profile
             run = example(case=case)(run)
 

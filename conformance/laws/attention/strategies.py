@@ -155,6 +155,46 @@ def attention_cases(
     )
 
 
+# The course's shapes: (B, N, d) inputs with N = N_q = N_k a power of two (the handout's
+# sweep runs 128 to 65536; its tests 128 and 16), head dims 16 to 128, fp32 and bf16,
+# causal masking asked of the Triton flavour only, the default softmax scale.
+CONTRACT_LENGTHS = (16, 32, 64, 128, 256, 512, 1024)
+CONTRACT_LONG_LENGTHS = (1024, 2048, 4096, 8192, 16384)
+CONTRACT_HEAD_DIMS = (16, 32, 64, 128)
+
+
+def contract_lengths(budget: Budget, flavour: str, long: bool) -> tuple[int, ...]:
+    """The contract's sequence lengths this budget can run; empty if none."""
+    if not long:
+        return tuple(n for n in CONTRACT_LENGTHS if n <= budget.max_len)
+    if budget.max_len >= 1024:  # a GPU
+        return CONTRACT_LONG_LENGTHS
+    return () if flavour == "triton" else CONTRACT_LONG_LENGTHS[:1]  # CPU bf16 is slow; the interpreter slower
+
+
+@st.composite
+def contract_cases(draw, budget: Budget, flavour: str, *, long: bool = False, causal: bool | None = None) -> AttentionCase:
+    """Cases inside the CS336 contract only, within what ``budget`` can run here.
+
+    ``long``: sequences in the thousands in bf16, one batch element: where accumulating O
+    and the softmax denominator in the input precision shows."""
+    dtypes = [t for t in (torch.float32, torch.bfloat16) if t in budget.dtypes]
+    if causal is None:
+        causal = draw(st.booleans()) if flavour == "triton" else False
+    return AttentionCase(
+        batch=(1,) if long else (draw(st.integers(1, max(1, min(4, budget.max_batch_elems)))),),
+        n_q=(n := draw(st.sampled_from(contract_lengths(budget, flavour, long)))),
+        n_k=n,
+        d=draw(st.sampled_from([d for d in CONTRACT_HEAD_DIMS if d in budget.head_dims])),
+        dtype=draw(st.sampled_from([torch.bfloat16] if long and torch.bfloat16 in dtypes else dtypes)),
+        is_causal=causal,
+        scale=None,
+        value_scale=1.0,
+        layout="contiguous",
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
 def boundary_cases(budget: Budget) -> list[AttentionCase]:
     """Explicit examples every law tries first: causal, one row past a tile multiple.
 
