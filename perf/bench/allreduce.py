@@ -38,6 +38,7 @@ import torch.distributed as dist  # noqa: E402
 from conformance.harness import run_on_ranks, shutdown_pools  # noqa: E402
 from perf.lib import tables  # noqa: E402
 from perf.lib.measure import device_description  # noqa: E402
+from perf.lib.workloads import synchronize  # noqa: E402
 
 MIB = 1 << 20
 COLUMNS = ("backend", "world_size", "size_mib", "bytes", "iters", "time_ms", "algbw_gbps", "busbw_gbps", "status")
@@ -50,11 +51,6 @@ def bus_factor(world_size: int) -> float:
 # --- rank side ---------------------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def allreduce_sweep(ctx, sizes_bytes: list[int], warmup: int, min_iters: int, min_time_ms: float) -> list[dict]:
     """Per size: this rank's average seconds per all-reduce over a back-to-back loop.
 
@@ -65,20 +61,20 @@ def allreduce_sweep(ctx, sizes_bytes: list[int], warmup: int, min_iters: int, mi
         t = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)
         for _ in range(warmup):
             dist.all_reduce(t)
-        _sync(ctx.device)
+        synchronize(ctx.device)
         start = time.perf_counter()
         dist.all_reduce(t)
-        _sync(ctx.device)
+        synchronize(ctx.device)
         estimate = max(time.perf_counter() - start, 1e-6)
         iters = torch.tensor([max(min_iters, int(min_time_ms / 1e3 / estimate) + 1)], dtype=torch.int64, device=ctx.device)
         dist.broadcast(iters, src=0)
         iters = int(iters.item())
         dist.barrier()
-        _sync(ctx.device)
+        synchronize(ctx.device)
         start = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(t)
-        _sync(ctx.device)
+        synchronize(ctx.device)
         out.append({"bytes": nbytes, "iters": iters, "seconds": (time.perf_counter() - start) / iters})
         del t
     return out
@@ -145,11 +141,8 @@ def fit_alpha_beta(rows: list[dict]) -> tuple[float, float] | None:
 
 def plot(rows: list[dict], path: Path) -> Path | None:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+        from perf.lib.plots import plt, save_figure
+    except ImportError:  # matplotlib is the optional [plots] extra
         return None
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     series = {}
@@ -169,10 +162,7 @@ def plot(rows: list[dict], path: Path) -> Path | None:
         ax.legend(fontsize=8)
     axes[0].set_yscale("log")
     fig.suptitle("all-reduce (sum): time and bus bandwidth = 2(n-1)/n x bytes / t")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def markdown(rows: list[dict], info: dict, fits: dict) -> list[tuple[str, str]]:

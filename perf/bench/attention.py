@@ -39,7 +39,7 @@ import functools
 import os
 import sys
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager, Sequence
 
@@ -48,12 +48,12 @@ import torch
 from conformance.target import NotOffered
 from perf.lib import measure
 from perf.lib.measure import OK, Deadline, Outcome
+from perf.lib.workloads import (PASSES, SDPA_BACKENDS, attention_flops, eager_attention, make_inputs, sdpa_attention,
+                                sdpa_backend, synchronize)
 
-PASSES = ("forward", "backward", "forward_backward")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
-                 "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
-IMPL_NAMES = ("triton", "pytorch", "eager", "sdpa", *SDPA_BACKENDS)
+SDPA_IMPLS = tuple(f"sdpa_{backend}" for backend in SDPA_BACKENDS)  # sdpa_flash, sdpa_cudnn, ...
+IMPL_NAMES = ("triton", "pytorch", "eager", "sdpa", *SDPA_IMPLS)
 
 # CS336's grid on a GPU; a tiny one on the CPU (Triton runs under its interpreter there).
 CUDA_DEFAULTS = dict(seq=[2**i for i in range(7, 17)], dims=[16, 32, 64, 128], dtypes=["bf16", "fp32"],
@@ -66,19 +66,6 @@ TABLE_COLUMNS = ("impl", "dtype", "d", "seq", "pass", "batch", "heads", "ms", "t
 # --- implementations -------------------------------------------------------------------
 
 
-def eager_attention(q, k, v):
-    """Causal attention the obvious way: the N x N scores are materialised."""
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # S = Q K^T / sqrt(d)
-    mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1)  # key j > query i
-    p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
-    return p @ v
-
-
-def _sdpa(q, k, v):
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
 @dataclass(frozen=True)
 class AttentionImpl:
     """A causal attention over (B, H, N, d) and the context it must run in."""
@@ -86,12 +73,6 @@ class AttentionImpl:
     name: str
     fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     context: Callable[[], ContextManager] = contextlib.nullcontext
-
-
-def _sdpa_backend_context(backend_name: str):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return lambda: sdpa_kernel(getattr(SDPBackend, backend_name))
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,11 +94,11 @@ def make_impl(name: str, target_spec: str | None = None) -> AttentionImpl:
     if name in ("triton", "pytorch"):
         return AttentionImpl(name, _target_attention(name, target_spec))
     if name == "eager":
-        return AttentionImpl(name, eager_attention)
+        return AttentionImpl(name, eager_attention)  # causal
     if name == "sdpa":
-        return AttentionImpl(name, _sdpa)
-    if name in SDPA_BACKENDS:
-        return AttentionImpl(name, _sdpa, _sdpa_backend_context(SDPA_BACKENDS[name]))
+        return AttentionImpl(name, sdpa_attention)  # causal, backend of PyTorch's choosing
+    if name in SDPA_IMPLS:
+        return AttentionImpl(name, sdpa_attention, functools.partial(sdpa_backend, name.removeprefix("sdpa_")))
     raise ValueError(f"unknown attention implementation {name!r}; expected one of {', '.join(IMPL_NAMES)}")
 
 
@@ -139,21 +120,13 @@ class Case:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
 
+    def inputs(self, device, seed: int = 0):
+        """q, k, v (requiring grad) and dO of shape (B, H, N, d) in the case's dtype."""
+        return make_inputs((self.batch, self.heads, self.seq, self.d), DTYPES[self.dtype], device, seed)
 
-def attention_flops(case: Case, pass_: str) -> float:
-    """Matmul FLOPs of causal attention: forward 2 matmuls (4 B H N^2 d), half under the
-    mask; backward 5 matmuls (2.5x the forward; the recomputation of S is not counted)."""
-    forward = 4.0 * case.batch * case.heads * case.seq**2 * case.d * 0.5
-    return forward * {"forward": 1.0, "backward": 2.5, "forward_backward": 3.5}[pass_]
-
-
-def make_inputs(case: Case, device: torch.device, seed: int = 0):
-    g = torch.Generator(device=device).manual_seed(seed)
-    shape = (case.batch, case.heads, case.seq, case.d)
-    q, k, v, do = (torch.randn(shape, device=device, generator=g, dtype=DTYPES[case.dtype]) for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_()
-    return q, k, v, do
+    def flops(self, pass_: str) -> float:
+        """Matmul FLOPs of one causal pass (``workloads.attention_flops``)."""
+        return attention_flops(self.batch, self.heads, self.seq, self.d, True, pass_)
 
 
 def pass_fn(impl: AttentionImpl, pass_: str, q, k, v, do):
@@ -178,17 +151,17 @@ def measure_pass(impl: AttentionImpl, case: Case, pass_: str, device, *, warmup_
     try:
         with warnings.catch_warnings(record=True) as caught, impl.context():
             warnings.simplefilter("default")  # each distinct warning once: the backend's reasons, no per-call cost
-            q, k, v, do = make_inputs(case, device)
+            q, k, v, do = case.inputs(device)
             grads = [q, k, v]
             run = pass_fn(impl, pass_, q, k, v, do)
             run()  # compiles kernels, picks algorithms
-            measure.synchronize(device)
+            synchronize(device)
             for t in grads:
                 t.grad = None
             with measure.PeakMemory(device) as peak:
                 run()
             ms = measure.median_ms(run, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grads)
-        row.update(ms=ms, tflops=attention_flops(case, pass_) / (ms * 1e-3) / 1e12, peak_mib=peak.mib)
+        row.update(ms=ms, tflops=case.flops(pass_) / (ms * 1e-3) / 1e12, peak_mib=peak.mib)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row, the sweep goes on
         outcome = Outcome("not offered", str(exc)) if isinstance(exc, NotOffered) else Outcome.of(exc)
         reasons = [str(w.message).splitlines()[0] for w in caught if issubclass(w.category, UserWarning)]

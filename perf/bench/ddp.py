@@ -71,6 +71,7 @@ from perf.lib import tables  # noqa: E402
 from perf.bench.allreduce import allreduce_sweep, fit_alpha_beta, sizes_up_to  # noqa: E402
 from impl.models.gpt import count_parameters, make_gpt, random_batch  # noqa: E402
 from perf.lib.measure import Deadline, device_description, free_memory, time_calls  # noqa: E402
+from perf.lib.workloads import synchronize  # noqa: E402
 
 MIB = 1 << 20
 OURS_BUCKETS_MB = (1, 5, 10, 25, 50, 100, 250, None)
@@ -111,11 +112,6 @@ def bucket_mb(variant: str) -> float | None:
 
 
 # --- rank side ---------------------------------------------------------------------------
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def build_variant(variant: str, model, device):
@@ -199,7 +195,7 @@ def profile_step(step, device, path: Path | None, rows: int = 30) -> None:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         step()
-        _sync(device)
+        synchronize(device)
     if path is None:
         return
     by = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
@@ -273,7 +269,7 @@ def gradient_timeline(ctx, cfg: Config) -> dict:
     ready: list = []
     handles = [p.register_post_accumulate_grad_hook(lambda p: ready.append((names[id(p)], mark()))) for p in model.parameters()]
     optimizer.zero_grad(set_to_none=True)
-    _sync(ctx.device)
+    synchronize(ctx.device)
     t0 = mark()
     loss = _loss(model, batches[0], cfg, ctx.device)
     t1 = mark()
@@ -281,7 +277,7 @@ def gradient_timeline(ctx, cfg: Config) -> dict:
     t2 = mark()
     optimizer.step()
     t3 = mark()
-    _sync(ctx.device)
+    synchronize(ctx.device)
     for h in handles:
         h.remove()
     order = [(n, p.numel() * p.element_size()) for n, p in model.named_parameters()]
@@ -493,11 +489,8 @@ def markdown(payload: dict) -> list[tuple[str, str]]:
 
 def plot(payload: dict, path: Path) -> Path | None:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+        from perf.lib.plots import plt, save_figure
+    except ImportError:  # matplotlib is the optional [plots] extra
         return None
     rows = [r for r in payload["rows"] if r["status"] == "ok"]
     summary = payload.get("summary", {})
@@ -523,10 +516,7 @@ def plot(payload: dict, path: Path) -> Path | None:
     ax.set_title(f"{payload['config']['size']}: data-parallel step vs bucket size")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_outputs(out: Path, payload: dict) -> None:
@@ -566,7 +556,7 @@ def main(argv=None) -> int:
     else:
         device = "cuda"
         if not torch.cuda.is_available() or torch.cuda.device_count() < opts.world_size:
-            print(f"bench_ddp: needs {opts.world_size} GPUs (use --tiny on the CPU)", file=sys.stderr)
+            print(f"perf.bench.ddp: needs {opts.world_size} GPUs (use --tiny on the CPU)", file=sys.stderr)
             return 2
         base = Config()
         opts.probe_max_mib = opts.probe_max_mib or 256

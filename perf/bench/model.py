@@ -54,6 +54,7 @@ from torch.profiler import record_function
 from impl.models import gpt
 from perf.lib import measure
 from perf.lib.measure import OK, Deadline, Outcome
+from perf.lib.workloads import synchronize
 
 MODES = ("inference", "forward", "forward_backward", "step")
 PRECISIONS = ("fp32", "bf16")
@@ -277,14 +278,14 @@ def memory_snapshot(path: str | Path, *, size: str, attention: str, precision: s
     model, optimizer, step = _training_step_for(size, attention, precision, mode, batch, context, device)
     for _ in range(warmup):
         step()
-    measure.synchronize(device)
+    synchronize(device)
     try:
         torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
     except TypeError:  # an older torch without the stacks argument
         torch.cuda.memory._record_memory_history(max_entries=max_entries)
     try:
         step()
-        measure.synchronize(device)
+        synchronize(device)
         torch.cuda.memory._dump_snapshot(str(raw))
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -305,12 +306,12 @@ def profile_trace(path: str | Path, *, size: str, attention: str, precision: str
     try:
         for _ in range(warmup):
             step()
-        measure.synchronize(device)
+        synchronize(device)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=activities, record_shapes=False, with_stack=False) as prof:
             for _ in range(steps):
                 step()
-                measure.synchronize(device)
+                synchronize(device)
         prof.export_chrome_trace(str(raw))
         sort_key = "device_time_total" if device.type == "cuda" else "cpu_time_total"
         try:

@@ -86,7 +86,7 @@ class Log:
 
 
 def run_warmup0(plan: dict, device: torch.device, work: Path, log: Log, timeout_s: float) -> list[dict]:
-    """bench_model with --warmup 0 in a fresh Python process (nothing compiled or cached yet)."""
+    """perf.bench.model with --warmup 0 in a fresh Python process (nothing compiled or cached yet)."""
     out = work / "warmup0"
     cmd = [sys.executable, "-m", "perf.bench.model", "--device", device.type, "--warmup", "0",
            "--steps", str(plan["steps"]), "--batch", str(plan["batch"]), "--out", str(out), "--no-plots",
@@ -159,18 +159,19 @@ def main(argv=None) -> int:
 
     # 2. model benchmark, then memory/time by context length
     log("== 2. model benchmark")
-    m = plan["model"]
-    model_rows = bench_model.run_benchmarks(m["sizes"], m["attention"], m["precision"], m["modes"], m["contexts"],
-                                            batch=m["batch"], warmup=m["warmup"], steps=m["steps"], device=device,
-                                            time_budget_s=max(10.0, left() * 0.25), log=log)
-    bench_model.relative_to(model_rows, "eager")
-    sections += bench_model.markdown_sections(model_rows, "Model benchmark (bf16 autocast)")
-    c = plan["by_context"]
-    context_rows = bench_model.run_benchmarks(c["sizes"], c["attention"], c["precision"], c["modes"], c["contexts"],
-                                              batch=c["batch"], warmup=c["warmup"], steps=c["steps"], device=device,
-                                              time_budget_s=max(10.0, left() * 0.2), log=log)
-    bench_model.relative_to(context_rows, "eager")
-    sections += bench_model.markdown_sections(context_rows, "Model step by context length")
+
+    def model_part(part: dict, budget_share: float, heading: str) -> list[dict]:
+        """One model-benchmark part of the plan, with its share of the time left; its table joins the report."""
+        rows = bench_model.run_benchmarks(part["sizes"], part["attention"], part["precision"], part["modes"],
+                                          part["contexts"], batch=part["batch"], warmup=part["warmup"],
+                                          steps=part["steps"], device=device,
+                                          time_budget_s=max(10.0, left() * budget_share), log=log)
+        bench_model.relative_to(rows, "eager")
+        sections.extend(bench_model.markdown_sections(rows, heading))
+        return rows
+
+    model_rows = model_part(plan["model"], 0.25, "Model benchmark (bf16 autocast)")
+    context_rows = model_part(plan["by_context"], 0.2, "Model step by context length")
     stage("model")
 
     # 3. memory snapshot and profiler trace

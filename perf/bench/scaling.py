@@ -76,11 +76,8 @@ def verdicts(rows: list[dict], ours_prefix: str = "bucketed_", theirs_prefix: st
 
 def plot(rows: list[dict], path: Path) -> Path | None:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+        from perf.lib.plots import plt, save_figure
+    except ImportError:  # matplotlib is the optional [plots] extra
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for variant in dict.fromkeys(r["variant"] for r in rows):
@@ -92,10 +89,7 @@ def plot(rows: list[dict], path: Path) -> Path | None:
     ax.set_ylabel("weak-scaling efficiency vs local at 1")
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write(out: Path, payload: dict) -> None:
@@ -115,7 +109,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default="perf-out")
     p.add_argument("--tiny", action="store_true", help="CPU, gloo, tiny GPT, float32, worlds 1 2")
     p.add_argument("--worlds", type=int, nargs="*", default=None, help="world sizes (default: 1, 2, 4, ... up to the GPU count)")
-    p.add_argument("--variants", nargs="*", default=list(DEFAULT_VARIANTS), help="bench_ddp variants measured at every world size")
+    p.add_argument("--variants", nargs="*", default=list(DEFAULT_VARIANTS), help="perf.bench.ddp variants measured at every world size")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--iters", type=int, default=None)
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per measurement before it is reported stuck")
@@ -133,7 +127,7 @@ def main(argv=None) -> int:
         device, base = "cuda", Config(iters=20)
         top = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if top < 1:
-            print("bench_scaling: needs a GPU (use --tiny on the CPU)", file=sys.stderr)
+            print("perf.bench.scaling: needs a GPU (use --tiny on the CPU)", file=sys.stderr)
             return 2
     cfg = Config(**{**asdict(base), **{k: v for k, v in dict(warmup=opts.warmup, iters=opts.iters).items() if v is not None}})
     worlds = opts.worlds or [w for w in (1, 2, 4, 8, 16) if w <= top]

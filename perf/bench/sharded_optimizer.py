@@ -60,6 +60,7 @@ from conformance.accounting import (  # noqa: E402
     parameter_bytes,
     saved_activation_bytes,
 )
+from perf.lib.workloads import synchronize  # noqa: E402
 
 VARIANTS = ("adamw", "zero", "ours_allgather", "ours_broadcast", "ours_allgather_one_round")
 ADAMW = dict(lr=1e-4, weight_decay=0.1)
@@ -101,11 +102,6 @@ def owned_elements(optimizer, params) -> tuple[int, int] | None:
 # --- one training step ---------------------------------------------------------------------
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def forward_loss(model, batch, device):
     x, y = batch
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -115,14 +111,14 @@ def forward_loss(model, batch, device):
 
 def timed_step(model, optimizer, batch, device) -> tuple[float, float]:
     """Seconds of the whole step and of optimizer.step() alone (CUDA-synchronised)."""
-    sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     forward_loss(model, batch, device).backward()
-    sync(device)
+    synchronize(device)
     t1 = time.perf_counter()
     optimizer.step()
-    sync(device)
+    synchronize(device)
     t2 = time.perf_counter()
     return t2 - t0, t2 - t1
 
@@ -140,7 +136,7 @@ def measure_variant(variant, args, rank, world_size, device) -> dict:
     batches = [tuple(t for t in random_batch(cfg, args.batch, args.seq, device=device, generator=g)) for _ in range(2)]
 
     if device.type == "cuda":
-        sync(device)
+        synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     times, step_times = [], []
     for i in range(args.warmup + args.steps):
@@ -310,6 +306,11 @@ def _fmt(value, unit=""):
     return str(value)
 
 
+def _table_row(cells, width: int) -> str:
+    """A Markdown table row of ``width`` cells; a short one (a failed variant) ends in empty cells."""
+    return "| " + " | ".join([str(c) for c in cells] + [""] * (width - len(cells))) + " |"
+
+
 def markdown(info: dict, rows: list[dict], results: list[dict]) -> str:
     unit = "GiB" if info["device"] == "cuda" else "MiB"
     lines = [
@@ -324,14 +325,12 @@ def markdown(info: dict, rows: list[dict], results: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        if r["status"] != "ok":
-            lines.append(f"| {r['variant']} | {r['status']} |  |  |  |  |  |  |  |")
-            continue
-        lines.append(
-            f"| {r['variant']} | {_fmt(r['step_ms'])} | {_fmt(r['optimizer_step_ms'])} | {_fmt(r['peak_bytes'], unit)} | "
-            f"{_fmt(r['optimizer_state_bytes'], unit)} | {_fmt(r.get('step_vs_adamw'))} | {_fmt(r.get('peak_vs_zero'))} | "
-            f"{_fmt(r.get('goal_step_time')) if 'goal_step_time' in r else ''} | {_fmt(r.get('goal_peak')) if 'goal_peak' in r else ''} |"
-        )
+        lines.append(_table_row([r["variant"], r["status"]] if r["status"] != "ok" else [
+            r["variant"], _fmt(r["step_ms"]), _fmt(r["optimizer_step_ms"]), _fmt(r["peak_bytes"], unit),
+            _fmt(r["optimizer_state_bytes"], unit), _fmt(r.get("step_vs_adamw")), _fmt(r.get("peak_vs_zero")),
+            _fmt(r.get("goal_step_time")) if "goal_step_time" in r else "",
+            _fmt(r.get("goal_peak")) if "goal_peak" in r else "",
+        ], 9))
     lines += [
         "",
         f"## Memory breakdown per rank ({unit}; measured / formula)",
@@ -344,15 +343,14 @@ def markdown(info: dict, rows: list[dict], results: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(results, key=lambda r: (VARIANTS.index(r["variant"]), r["rank"])):
-        if r["status"] != "ok":
-            lines.append(f"| {r['variant']} | {r['rank']} | {r['status']} |  |  |  |  |  |  |  |")
-            continue
-        lines.append(
-            f"| {r['variant']} | {r['rank']} | {_fmt(r['parameter_bytes'], unit)} / {_fmt(r['parameter_bytes_formula'], unit)} | "
-            f"{_fmt(r['gradient_bytes'], unit)} / {_fmt(r['gradient_bytes_formula'], unit)} | {_fmt(r['optimizer_state_bytes'], unit)} | "
-            f"{_fmt(r['optimizer_state_bytes_formula'], unit)} | {_fmt(r['optimizer_state_bytes_ideal'], unit)} | "
-            f"{_fmt(r['activation_saved_bytes'], unit)} | {_fmt(r['activation_allocated_bytes'], unit)} | {_fmt(r['peak_bytes'], unit)} |"
-        )
+        lines.append(_table_row([r["variant"], r["rank"], r["status"]] if r["status"] != "ok" else [
+            r["variant"], r["rank"],
+            f"{_fmt(r['parameter_bytes'], unit)} / {_fmt(r['parameter_bytes_formula'], unit)}",
+            f"{_fmt(r['gradient_bytes'], unit)} / {_fmt(r['gradient_bytes_formula'], unit)}",
+            *(_fmt(r[key], unit) for key in ("optimizer_state_bytes", "optimizer_state_bytes_formula",
+                                             "optimizer_state_bytes_ideal", "activation_saved_bytes",
+                                             "activation_allocated_bytes", "peak_bytes")),
+        ], 10))
     return "\n".join(lines) + "\n"
 
 

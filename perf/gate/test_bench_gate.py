@@ -12,12 +12,9 @@ CPU numbers are not compared.
 import pytest
 import torch
 
+from perf.lib.workloads import make_inputs, synchronize
+
 FLAVOURS = ("forward", "forward_backward")
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @pytest.mark.parametrize("passes", FLAVOURS)
@@ -28,9 +25,7 @@ def test_gate_flash_triton(benchmark, device, passes):
         shape, dtype, rounds, iterations = (1, 16, 16384, 64), torch.bfloat16, 20, 5
     else:
         shape, dtype, rounds, iterations = (1, 2, 48, 32), torch.float32, 2, 1
-    g = torch.Generator(device="cpu").manual_seed(0)
-    q, k, v, do = (torch.randn(*shape, generator=g).to(device=device, dtype=dtype) for _ in range(4))
-    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    q, k, v, do = make_inputs(shape, dtype, device, seed=0)
     benchmark.extra_info.update(shape=list(shape), dtype=str(dtype), causal=True, device=str(device))
     if device.type == "cuda":
         benchmark.extra_info["gpu"] = torch.cuda.get_device_name(device)
@@ -40,6 +35,6 @@ def test_gate_flash_triton(benchmark, device, passes):
             o = FlashAttentionTriton.apply(q, k, v, True)
             if passes == "forward_backward":
                 o.backward(do)
-        _sync(device)
+        synchronize(device)
 
     benchmark.pedantic(run, rounds=rounds, warmup_rounds=2 if device.type == "cuda" else 0, iterations=1)

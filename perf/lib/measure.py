@@ -2,7 +2,7 @@
 
 Timing
     ``time_calls(fn, device, warmup, steps)``: wall-clock seconds of each of ``steps``
-    calls after ``warmup`` untimed ones, with ``torch.cuda.synchronize`` before and after
+    calls after ``warmup`` untimed ones, with ``workloads.synchronize`` before and after
     every timed call (CUDA work is asynchronous: without the syncs a timer reads the
     launch, not the work).  Used for whole model steps, where the spread matters.
     ``median_ms(fn, device)``: the median of many calls.  On CUDA this is
@@ -33,6 +33,8 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from perf.lib.workloads import synchronize
+
 OK = "ok"
 OOM = "OOM"
 UNSUPPORTED = "unsupported"
@@ -42,12 +44,6 @@ _OOM_WORDS = ("out of memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC
 # What SDPA says when the backend forced by sdpa_kernel() cannot take the inputs
 # (CUDA: "No available kernel"; CPU: "No viable backend").
 _UNSUPPORTED_WORDS = ("No available kernel", "No viable backend")
-
-
-def synchronize(device: torch.device | str) -> None:
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@
         (size, attention, precision, mode).
 
 Rows are the dicts ``perf.bench.attention`` and ``perf.bench.model`` produce.
+``save_figure(fig, path)`` lays out, writes and closes any other benchmark's figure.
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ def _series_panel(ax, series: dict, value_key: str, x_key: str):
         ax.set_xscale("log", base=2)
     ax.grid(True, which="both", alpha=0.3)
     return drawn
+
+
+def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
+    """Lay the figure out, write it to ``path`` and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
 
 
 def plot_attention(rows: Sequence[dict], out_dir: str | Path) -> list[Path]:

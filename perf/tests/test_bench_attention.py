@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from perf.bench import attention as bench_attention
-from perf.lib import measure
+from perf.lib.workloads import synchronize
 
 IMPLS = ("triton", "sdpa_flash", "sdpa_cudnn", "eager")
 PASSES = ("forward", "forward_backward")
@@ -37,17 +37,17 @@ def test_attention_benchmark(benchmark, device, impl_name, pass_):
     if device.type == "cuda":
         benchmark.extra_info["gpu"] = torch.cuda.get_device_name(device)
     with impl.context():
-        q, k, v, do = bench_attention.make_inputs(case, device)
+        q, k, v, do = case.inputs(device)
         step = bench_attention.pass_fn(impl, pass_, q, k, v, do)
         step()  # compile, pick algorithms; also proves the backend takes these inputs
 
         def run():
-            measure.synchronize(device)
+            synchronize(device)
             for _ in range(plan["calls"]):
                 for t in (q, k, v):
                     t.grad = None
                 step()
-            measure.synchronize(device)
+            synchronize(device)
 
         benchmark.pedantic(run, rounds=plan["rounds"], warmup_rounds=plan["warmup_rounds"], iterations=1)
     if pass_ == "forward_backward":

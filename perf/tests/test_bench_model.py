@@ -11,7 +11,7 @@ import torch
 
 from impl.models import gpt
 from perf.bench import model as bench_model
-from perf.lib import measure
+from perf.lib.workloads import synchronize
 
 ATTENTIONS = ("sdpa", "triton", "eager", "pytorch")
 
@@ -43,9 +43,9 @@ def test_model_benchmark(benchmark, device, attention, mode):
         benchmark.extra_info["gpu"] = torch.cuda.get_device_name(device)
 
     def run():
-        measure.synchronize(device)
+        synchronize(device)
         step()
-        measure.synchronize(device)
+        synchronize(device)
 
     before = [p.detach().clone() for p in model.parameters()]
     benchmark.pedantic(run, rounds=plan["rounds"], warmup_rounds=plan["warmup_rounds"], iterations=1)

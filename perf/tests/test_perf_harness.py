@@ -225,7 +225,7 @@ def test_a_target_without_the_kernel_is_reported_not_offered(device, tmp_path):
 
 
 def test_gpu_script_runs_every_stage_and_writes_its_files(tmp_path, monkeypatch, capsys):
-    """perf/run_gpu_benchmarks at its smallest: every stage, the files it returns, the report."""
+    """perf.bench.run_gpu at its smallest: every stage, the files it returns, the report."""
     from perf.bench import run_gpu as script
 
     plan = dict(script.CPU_PLAN,

@@ -30,9 +30,12 @@ import warnings
 import zlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository: pytest runs there
+import torch
 
-import torch  # noqa: E402
+from perf.lib.workloads import attention_flops, make_inputs, sdpa_attention, sdpa_backend
+from perf.tune import checks
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: pytest runs there
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 # cuda; "cpu" (with TRITON_INTERPRET=1) only to dry-run the case code without a GPU
@@ -83,40 +86,12 @@ def _make(shape, dtype, layout, device, g):
     return t
 
 
-def _fwd_bwd(fn, q, k, v, do, causal, scale):
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out = fn(q, k, v, causal, scale)
-    if isinstance(out, tuple):
-        o, lse = out
-    else:
-        o = out
-        lse = [t for t in o.grad_fn.saved_tensors if t.shape == q.shape[:-1]]
-        assert len(lse) == 1, f"expected one saved tensor of shape {tuple(q.shape[:-1])}"
-        lse = lse[0]
-    o.backward(do)
-    return {"O": o.detach(), "L": lse.detach(), "dQ": q.grad, "dK": k.grad, "dV": v.grad}
-
-
 def _triton_fn(fwd_cfg, bwd_cfg):
     from impl.attention import flash_triton as ft
 
     if fwd_cfg is None and bwd_cfg is None:
         return ft.FlashAttentionTriton.apply
-
-    class WithConfig(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, causal, scale):
-            o, lse = ft.flash_forward(q, k, v, causal, scale, config=fwd_cfg)
-            ctx.save_for_backward(q, k, v, o, lse)
-            ctx.causal, ctx.scale = causal, scale
-            return o
-
-        @staticmethod
-        def backward(ctx, do):
-            q, k, v, o, lse = ctx.saved_tensors
-            return (*ft.flash_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, config=bwd_cfg), None, None)
-
-    return WithConfig.apply
+    return checks.configured_attention(fwd_cfg, bwd_cfg)
 
 
 def run_case(case) -> dict:
@@ -138,23 +113,14 @@ def run_case(case) -> dict:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with oracle.poisoned_allocations(device):
-                got = _fwd_bwd(fn, q, k, v, do, causal, scale)
+                got = checks.fwd_bwd(fn, q, k, v, do, causal, scale)
             if device.type == "cuda":
                 torch.cuda.synchronize()
         q64, k64, v64, do64 = (t.double() for t in (q, k, v, do))
-        ref = _fwd_bwd(lambda *a: attention_reference(*a), q64, k64, v64, do64, causal, s)
-        eager = _fwd_bwd(lambda *a: attention_reference(*a), q, k, v, do, causal, s)
+        ref = checks.fwd_bwd(attention_reference, q64, k64, v64, do64, causal, s)
+        eager = checks.fwd_bwd(attention_reference, q, k, v, do, causal, s)
         mags = attention_magnitudes(q64, k64, v64, do64, causal, s)
-        ratios, failures = {}, []
-        for key in ref:
-            want = torch.float32 if key == "L" else dtype
-            if got[key].dtype != want:
-                failures.append(f"{key} dtype {got[key].dtype}, expected {want}")
-                continue
-            verdict = oracle.judge(key, got[key], ref[key], eager[key], dtype=dtype, magnitude=mags[key])
-            ratios[key] = round(verdict.error / max(verdict.bound, 1e-300), 4)
-            if not verdict.ok:
-                failures.append(verdict.message())
+        ratios, failures = checks.compare_with_reference(got, ref, eager, dtype, mags, digits=4)
         notes = [str(w.message) for w in caught if "retrying" in str(w.message)]
         return dict(name=name, status="FAIL" if failures else "ok", ratios=ratios, failures=failures,
                     notes=notes, seconds=round(time.time() - t0, 2))
@@ -170,22 +136,14 @@ def run_probe(probe) -> dict:
     dtype, d, n_k = probe
     name = f"probe {str(dtype)[6:]} d={d} n_k={n_k}"
     try:
-        device = torch.device(DEVICE)
-        g = torch.Generator(device=device).manual_seed(d * 1000 + n_k)
-        q = (4 * torch.randn(2, 3, 1, d, generator=g, device=device)).to(dtype).requires_grad_()
-        k = (4 * torch.randn(2, 3, n_k, d, generator=g, device=device)).to(dtype).requires_grad_()
-        v = torch.randn(2, 3, n_k, d, generator=g, device=device).to(dtype).requires_grad_()
-        do = torch.randn(2, 3, 1, d, generator=g, device=device).to(dtype)
+        q, k, v, do = checks.probe_inputs(dtype, d, n_k, torch.device(DEVICE))
+        for t in (q, k, v):
+            t.requires_grad_()
         o = FlashAttentionTriton.apply(q, k, v, True)
         o.backward(do)
-        checks = {
-            "O_0 == V_0": torch.equal(o[..., 0, :], v[..., 0, :]),
-            "dV_0 == dO_0": torch.equal(v.grad[..., 0, :], do[..., 0, :]),
-            "dV_j>0 == 0": bool((v.grad[..., 1:, :] == 0).all()),
-            "dK_j>0 == 0": bool((k.grad[..., 1:, :] == 0).all()),
-        }
+        found = checks.probe_checks(o, k.grad, v.grad, v, do)
         gap = float((v.grad[..., 0, :].double() - do[..., 0, :].double()).abs().max())
-        return dict(name=name, status="ok" if all(checks.values()) else "FAIL", checks=checks, dv0_max_gap=gap)
+        return dict(name=name, status="ok" if all(found.values()) else "FAIL", checks=found, dv0_max_gap=gap)
     except Exception as exc:
         return dict(name=name, status="ERROR", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc()[-3000:])
 
@@ -195,24 +153,15 @@ def run_probe(probe) -> dict:
 # ---------------------------------------------------------------------------------------
 
 
-def attention_flops(b, h, n, d, causal, backward):
-    fwd = 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)  # two matmuls, half the tiles under causal
-    return fwd * (3.5 if backward else 1.0)  # backward: five matmuls against the forward's two
-
-
 def run_timing(deadline: float) -> dict:
     from triton.testing import do_bench
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from impl.attention import flash_triton as ft
 
     b, h, n, d, dtype = 1, 16, 16384, 64, BF16
     results = {"shape": dict(B=b, H=h, N=n, d=d, dtype="bfloat16")}
     device = torch.device("cuda")
-    g = torch.Generator(device=device).manual_seed(0)
-    q, k, v, do = (torch.randn(b, h, n, d, generator=g, device=device).to(dtype) for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_()
+    q, k, v, do = make_inputs((b, h, n, d), dtype, device, seed=0)
 
     def bench(label, fn, causal, backward, grads=None):
         if time.time() > deadline:
@@ -220,7 +169,7 @@ def run_timing(deadline: float) -> dict:
             return
         try:
             ms = do_bench(fn, grad_to_none=grads, return_mode="median")
-            tflops = attention_flops(b, h, n, d, causal, backward) / (ms * 1e-3) / 1e12
+            tflops = attention_flops(b, h, n, d, causal, "forward_backward" if backward else "forward") / (ms * 1e-3) / 1e12
             results[label] = dict(ms=round(ms, 3), tflops=round(tflops, 1))
             print(f"  {label:55s} {ms:8.3f} ms  {tflops:6.1f} TFLOP/s", flush=True)
         except Exception as exc:
@@ -234,7 +183,7 @@ def run_timing(deadline: float) -> dict:
         return run
 
     def sdpa(causal):
-        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return lambda: sdpa_attention(q, k, v, causal)
 
     for causal in (True, False):
         tag = "causal" if causal else "full"
@@ -242,8 +191,8 @@ def run_timing(deadline: float) -> dict:
         with torch.no_grad():
             bench(f"triton fwd {tag}", tri, causal, False)
         bench(f"triton fwd+bwd {tag}", fwd_bwd(tri), causal, True, [q, k, v])
-        for backend_name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-            with sdpa_kernel(backend):
+        for backend_name in ("flash", "cudnn"):
+            with sdpa_backend(backend_name):
                 with torch.no_grad():
                     bench(f"sdpa {backend_name} fwd {tag}", sdpa(causal), causal, False)
                 bench(f"sdpa {backend_name} fwd+bwd {tag}", fwd_bwd(sdpa(causal)), causal, True, [q, k, v])
@@ -269,7 +218,7 @@ def run_timing(deadline: float) -> dict:
             break
         try:
             ms = do_bench(bwd_only, return_mode="median")
-            tflops = attention_flops(b, h, n, d, True, True) / 3.5 * 2.5 / (ms * 1e-3) / 1e12
+            tflops = attention_flops(b, h, n, d, True, "backward") / (ms * 1e-3) / 1e12
             results[f"triton bwd-only causal {cfg}"] = dict(ms=round(ms, 3), tflops=round(tflops, 1))
             print(f"  triton bwd-only causal {cfg}: {ms:.3f} ms  {tflops:.1f} TFLOP/s", flush=True)
         except Exception as exc:

@@ -9,18 +9,14 @@ import time
 
 import torch
 import triton
-from torch.nn.attention import SDPBackend, sdpa_kernel
-import torch.nn.functional as F
 
-from impl.attention.reference import attention_reference
 from impl.attention.flash_pytorch import FlashAttentionPytorch
 from impl.attention.flash_triton import FlashAttentionTriton
+from perf.lib.workloads import eager_attention, make_inputs, sdpa_attention, synchronize
 
 B, H, N, D = 1, 16, 16384, 64
 dev = torch.device("cuda")
-q, k, v, do = (torch.randn(B, H, N, D, device=dev, dtype=torch.bfloat16) for _ in range(4))
-for t in (q, k, v):
-    t.requires_grad_()
+q, k, v, do = make_inputs((B, H, N, D), torch.bfloat16, dev)
 
 
 def fwd(fn):
@@ -36,24 +32,19 @@ def fwd_bwd(fn):
 
 impls = {
     "ours (Triton)": lambda: FlashAttentionTriton.apply(q, k, v, True),
-    "SDPA flash": lambda: _sdpa(SDPBackend.FLASH_ATTENTION),
-    "SDPA cuDNN": lambda: _sdpa(SDPBackend.CUDNN_ATTENTION),
-    "eager": lambda: attention_reference(q, k, v, True)[0],
+    "SDPA flash": lambda: sdpa_attention(q, k, v, True, backend="flash"),
+    "SDPA cuDNN": lambda: sdpa_attention(q, k, v, True, backend="cudnn"),
+    "eager": lambda: eager_attention(q, k, v, True),
     "PyTorch tiles": lambda: FlashAttentionPytorch.apply(q, k, v, True),
 }
 
 
-def _sdpa(backend):
-    with sdpa_kernel(backend):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
 def once(run):
     run()
-    torch.cuda.synchronize()
+    synchronize(dev)
     t0 = time.perf_counter()
     run()
-    torch.cuda.synchronize()
+    synchronize(dev)
     return (time.perf_counter() - t0) * 1e3
 
 

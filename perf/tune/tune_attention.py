@@ -43,10 +43,14 @@ from pathlib import Path
 if "--dry-run" in sys.argv:  # must precede the first triton import
     os.environ["TRITON_INTERPRET"] = "1"
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository: pytest runs there
-
 import torch  # noqa: E402
 
+from perf.lib import workloads  # noqa: E402
+from perf.lib.measure import median_ms  # noqa: E402
+from perf.tune.checks import (compare_with_reference, configured_attention, fwd_bwd, probe_checks,  # noqa: E402
+                              probe_inputs)
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: pytest runs there
 BF16, F16 = torch.bfloat16, torch.float16
 DTYPES = {"bf16": BF16, "fp16": F16}
 
@@ -79,10 +83,12 @@ MEMORY_SEQS = [2048, 4096, 8192, 16384, 32768]
 DRY_MEMORY_SEQS = [64, 128]
 
 
+PASS_OF_KIND = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward_backward"}
+
+
 def attention_flops(a: Anchor, causal: bool, kind: str) -> float:
-    """Useful FLOPs: forward 2 matmuls of 2 N^2 d each (half under causal); backward 2.5x."""
-    fwd = 4.0 * a.batch * a.heads * a.n * a.n * a.d * (0.5 if causal else 1.0)
-    return fwd * {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}[kind]
+    """Useful FLOPs at the anchor (``workloads.attention_flops``); kind: fwd, bwd (alone), fwd+bwd."""
+    return workloads.attention_flops(a.batch, a.heads, a.n, a.d, causal, PASS_OF_KIND[kind])
 
 
 # ---------------------------------------------------------------------------------------
@@ -216,10 +222,7 @@ def _ours(q, k, v, do, causal, fwd_cfg, bwd_cfg):
 def _eager(q, k, v, do, causal):
     from impl.attention.reference import attention_reference
 
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    o, lse = attention_reference(q, k, v, causal)
-    o.backward(do)
-    return {"O": o.detach(), "L": lse.detach(), "dQ": q.grad, "dK": k.grad, "dV": v.grad}
+    return fwd_bwd(attention_reference, q, k, v, do, causal)
 
 
 def check_one(cand: dict, dtype_name: str, causal: bool, n: int, d: int) -> dict:
@@ -237,34 +240,16 @@ def check_one(cand: dict, dtype_name: str, causal: bool, n: int, d: int) -> dict
     ref = _eager(*(t.double() for t in (q, k, v, do)), causal)
     eager = _eager(q, k, v, do, causal)
     mags = attention_magnitudes(q, k, v, do, causal, default_scale(d), dtype)
-    ratios, failures = {}, []
-    for key in ref:
-        want = torch.float32 if key == "L" else dtype
-        if got[key].dtype != want:
-            failures.append(f"{key}: dtype {got[key].dtype}, expected {want}")
-            continue
-        verdict = oracle.judge(key, got[key], ref[key], eager[key], dtype=dtype, magnitude=mags[key])
-        ratios[key] = round(verdict.error / max(verdict.bound, 1e-300), 3)
-        if not verdict.ok:
-            failures.append(f"{label}: {verdict.message()}")
+    ratios, failures = compare_with_reference(got, ref, eager, dtype, mags, digits=3)
+    failures = [f"{label}: {f}" for f in failures]
     return dict(check=label, ok=not failures, worst_error_over_bound=ratios, failures=failures)
 
 
 def probe_one(cand: dict, dtype_name: str, n_k: int, d: int) -> dict:
     """N_q = 1 under causal masking: P_00 = 1, so O_0 = V_0 and dV_0 = dO_0 exactly."""
-    device, dtype = _device(), DTYPES[dtype_name]
-    g = torch.Generator(device=device).manual_seed(d * 1000 + n_k)
-    q = (4 * torch.randn(2, 3, 1, d, generator=g, device=device)).to(dtype)
-    k = (4 * torch.randn(2, 3, n_k, d, generator=g, device=device)).to(dtype)
-    v = torch.randn(2, 3, n_k, d, generator=g, device=device).to(dtype)
-    do = torch.randn(2, 3, 1, d, generator=g, device=device).to(dtype)
+    q, k, v, do = probe_inputs(DTYPES[dtype_name], d, n_k, _device())
     got = _ours(q, k, v, do, True, *_configs(cand))
-    checks = {
-        "O_0 == V_0": torch.equal(got["O"][..., 0, :], v[..., 0, :]),
-        "dV_0 == dO_0": torch.equal(got["dV"][..., 0, :], do[..., 0, :]),
-        "dV_j>0 == 0": bool((got["dV"][..., 1:, :] == 0).all()),
-        "dK_j>0 == 0": bool((got["dK"][..., 1:, :] == 0).all()),
-    }
+    checks = probe_checks(got["O"], got["dK"], got["dV"], v, do)
     label = f"probe {dtype_name} n_k={n_k} d={d}"
     failed = [name for name, ok in checks.items() if not ok]
     return dict(check=label, ok=not failed, failures=[f"{label}: {', '.join(failed)} false"] if failed else [])
@@ -314,20 +299,12 @@ def bench_ms(fn, rep_ms: int = 100) -> float:
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+    return median_ms(fn, "cuda", warmup_ms=25, rep_ms=rep_ms)  # triton.testing.do_bench, median
 
 
 def make_inputs(a: Anchor, n: int | None = None, seed: int = 0, grad=False):
-    device = _device()
-    g = torch.Generator(device=device).manual_seed(seed)
-    n = a.n if n is None else n
-    q, k, v, do = (torch.randn(a.batch, a.heads, n, a.d, generator=g, device=device).to(BF16) for _ in range(4))
-    if grad:
-        for t in (q, k, v):
-            t.requires_grad_()
-    return q, k, v, do
+    """bf16 inputs at the anchor's shape (sequence length ``n`` if given)."""
+    return workloads.make_inputs((a.batch, a.heads, a.n if n is None else n, a.d), BF16, _device(), seed, grad)
 
 
 def time_candidate(cand: Candidate, a: Anchor, inputs, saved) -> float:
@@ -347,42 +324,9 @@ def time_candidate(cand: Candidate, a: Anchor, inputs, saved) -> float:
         return bench_ms(run)
 
 
-def configured_attention(fwd_cfg=None, bwd_cfg=None):
-    """An autograd function running our kernels with the given configs (None: the defaults)."""
-    from impl.attention import flash_triton as ft
-
-    class Configured(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, causal):
-            o, lse = ft.flash_forward(q, k, v, causal, config=fwd_cfg)
-            ctx.save_for_backward(q, k, v, o, lse)
-            ctx.causal = causal
-            return o
-
-        @staticmethod
-        def backward(ctx, do):
-            q, k, v, o, lse = ctx.saved_tensors
-            return (*ft.flash_backward(q, k, v, o, lse, do, ctx.causal, config=bwd_cfg), None)
-
-    return lambda q, k, v, causal: Configured.apply(q, k, v, causal)
-
-
 def sdpa(backend_name):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend_name]
-
-    def run(q, k, v, causal):
-        with sdpa_kernel(backend):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    return run
-
-
-def eager_attention(q, k, v, causal):
-    from impl.attention.reference import attention_reference
-
-    return attention_reference(q, k, v, causal)[0]
+    """torch SDPA forced to one backend (flash, cudnn), as ``fn(q, k, v, causal)``."""
+    return lambda q, k, v, causal: workloads.sdpa_attention(q, k, v, causal, backend=backend_name)
 
 
 # ---------------------------------------------------------------------------------------
@@ -499,16 +443,14 @@ def combined_candidates(timings: dict, anchors) -> list[Candidate]:
     combos = []
     taken = {tuple(sorted(t["config"].items())) for t in timings.values() if "config" in t}
     for aname in anchors:
+        proposed = []  # (kind, config), forward first
         best_f = best_of(timings, aname, "fwd", ("tiles-fwd", "switches", "default"))
         if best_f:
             cfg = dict(best_f["config"])
             sw = best_of(timings, aname, "fwd", ("switches",))
             if sw:
                 cfg.update(tma=sw["config"]["tma"], fp_fusion=sw["config"]["fp_fusion"])
-            key = tuple(sorted(cfg.items()))
-            if key not in taken:
-                taken.add(key)
-                combos.append(Candidate(f"{aname} fwd combined {_short(cfg)}", aname, "fwd", key, "combined"))
+            proposed.append(("fwd", cfg))
         best_dkdv = best_of(timings, aname, "bwd", ("tiles-dkdv", "default"))
         best_dq = best_of(timings, aname, "bwd", ("tiles-dq", "default"))
         sw = best_of(timings, aname, "bwd", ("switches", "default"))
@@ -518,10 +460,12 @@ def combined_candidates(timings: dict, anchors) -> list[Candidate]:
                 cfg[f] = best_dq["config"][f]
             if sw:
                 cfg.update(tma=sw["config"]["tma"], longest_first=sw["config"]["longest_first"])
+            proposed.append(("bwd", cfg))
+        for kind, cfg in proposed:
             key = tuple(sorted(cfg.items()))
             if key not in taken:
                 taken.add(key)
-                combos.append(Candidate(f"{aname} bwd combined {_short(cfg)}", aname, "bwd", key, "combined"))
+                combos.append(Candidate(f"{aname} {kind} combined {_short(cfg)}", aname, kind, key, "combined"))
     return combos
 
 
@@ -545,7 +489,7 @@ def run_comparison(anchors, timings, deadline, report) -> dict:
         if best_f or best_b:
             impls["ours (best of sweep)"] = configured_attention(best_f and best_f["config"], best_b and best_b["config"])
             comp[f"{aname} best configs"] = dict(fwd=best_f and best_f["config"], bwd=best_b and best_b["config"])
-        impls.update({"sdpa flash": sdpa("flash"), "sdpa cudnn": sdpa("cudnn"), "eager": eager_attention})
+        impls.update({"sdpa flash": sdpa("flash"), "sdpa cudnn": sdpa("cudnn"), "eager": workloads.eager_attention})
         q, k, v, do = make_inputs(a, seed=2, grad=True)
         for causal in ((True, False) if a.compare_both else (a.causal,)):
             tag = f"{aname} {'causal' if causal else 'full'}"
@@ -590,7 +534,7 @@ def run_memory(anchor: Anchor, seqs, deadline, report, best_cfgs) -> dict:
     """Peak memory above the inputs of one forward+backward (grads included), per N."""
     mem = report.data.setdefault("memory", {})
     impls = {"ours (defaults)": configured_attention(), "sdpa flash": sdpa("flash"), "sdpa cudnn": sdpa("cudnn"),
-             "eager": eager_attention}
+             "eager": workloads.eager_attention}
     if best_cfgs:
         impls["ours (best of sweep)"] = configured_attention(*best_cfgs)
     cuda = _device().type == "cuda"
@@ -659,6 +603,89 @@ def _ms(entry) -> str:
     return f"{entry['ms']:.3f}" if "ms" in entry else str(entry.get("status", "-"))[:60]
 
 
+def _table_head(title: str, columns, align) -> list[str]:
+    """A section heading and a Markdown table's header and alignment rows."""
+    return [f"## {title}", "", "| " + " | ".join(columns) + " |", "| " + " | ".join(align) + " |"]
+
+
+def _correctness_lines(data: dict) -> list[str]:
+    corr = data.get("correctness", {})
+    if not corr:
+        return []
+    ok = sum(r["status"] == "ok" for r in corr.values())
+    lines = [f"Correctness: {ok} of {len(corr)} candidates passed every check and probe.", ""]
+    for r in corr.values():
+        if r["status"] != "ok":
+            lines.append(f"- {r['name']}: {r['status']} {'; '.join(r['failures'][:2])[:300]}")
+    return lines + [""]
+
+
+def _sweep_lines(data: dict, compact: bool) -> list[str]:
+    timings = data.get("timings", {})
+    if not timings:
+        return []
+    lines = _table_head("Sweep (median ms at the anchor; fwd = forward, bwd = backward alone)",
+                        ("candidate", "ms", "TFLOP/s", "vs default"), ("---", "---:", "---:", "---:"))
+    base = {(t["anchor"], t["kind"]): t["ms"] for n, t in timings.items() if "ms" in t and t["group"] == "default"}
+    shown: dict = {}
+    for name, t in sorted(timings.items(), key=lambda kv: (kv[1].get("anchor", ""), kv[1].get("kind", ""),
+                                                             kv[1].get("ms", 1e9))):
+        if "ms" in t:
+            group = (t["anchor"], t["kind"])
+            shown[group] = shown.get(group, 0) + 1
+            if compact and shown[group] > 6 and not t["group"].startswith("default"):
+                continue
+            b = base.get(group)
+            rel = f"{t['ms'] / b:.3f}" if b else "-"
+            lines.append(f"| {name} | {t['ms']:.3f} | {t['tflops']} | {rel} |")
+        elif not compact:
+            lines.append(f"| {name} | {str(t.get('status'))[:80]} | | |")
+    return lines + [""]
+
+
+def _comparison_lines(data: dict) -> list[str]:
+    comp = data.get("comparison", {})
+    if not comp:
+        return []
+    lines = _table_head("Comparison at the anchors (median ms; TFLOP/s in brackets)",
+                        ("anchor", "implementation", "fwd", "fwd+bwd"), ("---", "---", "---:", "---:"))
+    rows = {}
+    for key, entry in comp.items():
+        if " | " not in key:
+            continue
+        tag, name, kind = key.split(" | ")
+        rows.setdefault((tag, name), {})[kind] = entry
+    for (tag, name), kinds in rows.items():
+        cells = []
+        for kind in ("fwd", "fwd+bwd"):
+            e = kinds.get(kind)
+            cells.append(f"{_ms(e)} ({e['tflops']})" if e and "ms" in e else _ms(e))
+        lines.append(f"| {tag} | {name} | {cells[0]} | {cells[1]} |")
+    for key, entry in comp.items():
+        if key.endswith("best configs"):
+            lines += ["", f"{key}: fwd `{entry['fwd']}`, bwd `{entry['bwd']}`"]
+    return lines + [""]
+
+
+def _memory_lines(data: dict) -> list[str]:
+    mem = data.get("memory", {})
+    if not mem:
+        return []
+    names = sorted({k.split(" | ")[1] for k in mem})
+    seqs = sorted({int(k.split(" | ")[0][2:]) for k in mem})
+    a = data.get("anchors", {}).get("d64", {})
+    lines = _table_head(f"Peak memory of forward+backward above the inputs (MiB; B={a.get('batch')}, "
+                        f"H={a.get('heads')}, d={a.get('d')}, bf16, causal)", ("N", *names),
+                        ("---:",) * (1 + len(names)))
+    for n in seqs:
+        cells = []
+        for name in names:
+            e = mem.get(f"N={n} | {name}", {})
+            cells.append(f"{e['peak_mib']:.0f}" if "peak_mib" in e else str(e.get("status", "-"))[:40])
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def render_markdown(data: dict, compact: bool = False) -> str:
     """The report as markdown; compact keeps the 6 fastest sweep rows per anchor and kind."""
     env = data.get("environment", {})
@@ -666,68 +693,7 @@ def render_markdown(data: dict, compact: bool = False) -> str:
              f"{env.get('device', '?')}, torch {env.get('torch', '?')}, Triton {env.get('triton', '?')}, "
              f"CUDA {env.get('cuda', '?')}, {env.get('time', '')}", "",
              f"Command: `{env.get('command', '')}`", ""]
-    corr = data.get("correctness", {})
-    if corr:
-        ok = sum(r["status"] == "ok" for r in corr.values())
-        lines += [f"Correctness: {ok} of {len(corr)} candidates passed every check and probe.", ""]
-        for r in corr.values():
-            if r["status"] != "ok":
-                lines.append(f"- {r['name']}: {r['status']} {'; '.join(r['failures'][:2])[:300]}")
-        lines.append("")
-    timings = data.get("timings", {})
-    if timings:
-        lines += ["## Sweep (median ms at the anchor; fwd = forward, bwd = backward alone)", "",
-                  "| candidate | ms | TFLOP/s | vs default |", "| --- | ---: | ---: | ---: |"]
-        base = {(t["anchor"], t["kind"]): t["ms"] for n, t in timings.items() if "ms" in t and t["group"] == "default"}
-        shown: dict = {}
-        for name, t in sorted(timings.items(), key=lambda kv: (kv[1].get("anchor", ""), kv[1].get("kind", ""),
-                                                                 kv[1].get("ms", 1e9))):
-            if "ms" in t:
-                group = (t["anchor"], t["kind"])
-                shown[group] = shown.get(group, 0) + 1
-                if compact and shown[group] > 6 and not t["group"].startswith("default"):
-                    continue
-                b = base.get(group)
-                rel = f"{t['ms'] / b:.3f}" if b else "-"
-                lines.append(f"| {name} | {t['ms']:.3f} | {t['tflops']} | {rel} |")
-            elif not compact:
-                lines.append(f"| {name} | {str(t.get('status'))[:80]} | | |")
-        lines.append("")
-    comp = data.get("comparison", {})
-    if comp:
-        lines += ["## Comparison at the anchors (median ms; TFLOP/s in brackets)", "",
-                  "| anchor | implementation | fwd | fwd+bwd |", "| --- | --- | ---: | ---: |"]
-        rows = {}
-        for key, entry in comp.items():
-            if " | " not in key:
-                continue
-            tag, name, kind = key.split(" | ")
-            rows.setdefault((tag, name), {})[kind] = entry
-        for (tag, name), kinds in rows.items():
-            cells = []
-            for kind in ("fwd", "fwd+bwd"):
-                e = kinds.get(kind)
-                cells.append(f"{_ms(e)} ({e['tflops']})" if e and "ms" in e else _ms(e))
-            lines.append(f"| {tag} | {name} | {cells[0]} | {cells[1]} |")
-        for key, entry in comp.items():
-            if key.endswith("best configs"):
-                lines += ["", f"{key}: fwd `{entry['fwd']}`, bwd `{entry['bwd']}`"]
-        lines.append("")
-    mem = data.get("memory", {})
-    if mem:
-        names = sorted({k.split(" | ")[1] for k in mem})
-        seqs = sorted({int(k.split(" | ")[0][2:]) for k in mem})
-        a = data.get("anchors", {}).get("d64", {})
-        lines += [f"## Peak memory of forward+backward above the inputs (MiB; B={a.get('batch')}, H={a.get('heads')}, "
-                  f"d={a.get('d')}, bf16, causal)", "",
-                  "| N | " + " | ".join(names) + " |", "| ---: |" + " ---: |" * len(names)]
-        for n in seqs:
-            cells = []
-            for name in names:
-                e = mem.get(f"N={n} | {name}", {})
-                cells.append(f"{e['peak_mib']:.0f}" if "peak_mib" in e else str(e.get("status", "-"))[:40])
-            lines.append(f"| {n} | " + " | ".join(cells) + " |")
-        lines.append("")
+    lines += _correctness_lines(data) + _sweep_lines(data, compact) + _comparison_lines(data) + _memory_lines(data)
     if "pytest" in data:
         p = data["pytest"]
         lines += ["## GPU checks (pytest)", "", f"rc={p.get('rc', p.get('status'))}", "",
