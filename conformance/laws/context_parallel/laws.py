@@ -26,6 +26,7 @@ from hypothesis import Phase, given, note, settings
 
 from conformance.harness import resolve_device
 from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.target import load_target
 from conformance.laws.context_parallel import checks
 from conformance.laws.context_parallel.strategies import layout_cases, merge_cases, partial_cases, ring_cases
 
@@ -68,8 +69,28 @@ LAWS = (
 LAWS_BY_NAME = by_name(LAWS)
 
 
+ENTRY_POINTS = {
+    "merged_blocks_of_any_key_partition_in_any_order_equal_full_attention": "merge_attention_partials",
+    "empty_partial_is_an_exact_identity_and_masked_partials_never_give_nan": "merge_attention_partials",
+    "shards_follow_the_layout_and_unshard_inverts_shard": "context_parallel_shard",
+    "rope_positions_of_a_shard_are_the_slice_of_the_full_positions": "context_parallel_positions",
+    "zigzag_gives_every_rank_the_same_causal_work": "context_parallel_positions",
+}
+
+
+def probe(law: Law, subject: str) -> None:
+    """Raise the verdict (not offered, needs a GPU) before any example runs, in this process."""
+    target = load_target(subject)
+    name = ENTRY_POINTS.get(law.name)
+    if name is None:
+        target.call("get_ring_attention_autograd_function")
+    else:
+        target.factory(name)
+
+
 def check_law(law: Law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
     device = resolve_device(device)
+    probe(law, subject)
     options = dict(extra_settings)
     if max_examples is not None:
         options["max_examples"] = max_examples
