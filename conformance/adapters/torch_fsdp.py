@@ -1,7 +1,8 @@
 """torch's own FSDP (``fully_shard`` with ``MixedPrecisionPolicy``) as a target.
 
 ``--target conformance.adapters.torch_fsdp``.  Each Linear and Embedding module is its own
-``fully_shard`` group (a weight tied across two of them: the two modules form one group);
+``fully_shard`` group (a weight tied across two of them goes with the root module,
+``fully_shard(root, ignored_params=norm gains)``: FSDP2 needs a single root);
 norm gains stay plain replicated parameters whose gradients this adapter averages in
 ``fsdp_on_after_backward`` (the CS336 contract).  Parameters gathered in ``compute_dtype``,
 reduced in fp32 (``MixedPrecisionPolicy(param_dtype, reduce_dtype=float32)``).
@@ -50,6 +51,16 @@ def get_fsdp_strategy(module, strategy="FULL_SHARD", compute_dtype=None, reduce_
             for p in mod._parameters.values():
                 if p is not None and p.dim() >= 2:
                     groups.setdefault(id(p), []).append(mod)
+    replicated = [p for p in module.parameters() if p.dim() < 2 and p.requires_grad]
+    if any(len(mods) > 1 for mods in groups.values()):
+        # a weight tied across two modules: FSDP2 needs one root, so the tied weight is
+        # sharded with the root module (norm gains ignored: they stay replicated)
+        tied = {id(m) for mods in groups.values() if len(mods) > 1 for m in mods}
+        for mods in groups.values():
+            if len(mods) == 1 and id(mods[0]) not in tied:
+                fully_shard(mods[0], mesh=mesh, mp_policy=mp, reshard_after_forward=STRATEGIES[strategy])
+        fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=STRATEGIES[strategy], ignored_params=set(replicated))
+        return _Wrapped(module, replicated)
     done = set()
     for mods in groups.values():
         mods = [m for m in mods if id(m) not in done]
@@ -57,7 +68,6 @@ def get_fsdp_strategy(module, strategy="FULL_SHARD", compute_dtype=None, reduce_
             continue
         done.update(id(m) for m in mods)
         fully_shard(mods if len(mods) > 1 else mods[0], mesh=mesh, mp_policy=mp, reshard_after_forward=STRATEGIES[strategy])
-    replicated = [p for p in module.parameters() if p.dim() < 2 and p.requires_grad and not hasattr(p, "_local_tensor")]
     return _Wrapped(module, replicated)
 
 
