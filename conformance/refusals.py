@@ -127,10 +127,38 @@ def not_implemented_refusal(exc: BaseException) -> str | None:
     return f"not offered: {part} raises NotImplementedError ({where}{detail})"
 
 
+# Errors the environment raises for code that is right on the machine it was written for.
+_ENVIRONMENT = (
+    (re.compile(r"\b0 active drivers"), "the target's Triton autotuner or launcher needs a GPU driver, and the CPU interpreter has none"),
+    (re.compile(r"NVTX functions not installed"), "the target calls torch.cuda.nvtx, which this CPU build of torch lacks"),
+)
+
+
+def environment_refusal(exc: BaseException, seen: set | None = None) -> str | None:
+    """"not run here: ..." when ``exc`` (or an error it came from) is the environment refusing
+    the target's code on a machine without a GPU; None otherwise."""
+    if torch.cuda.is_available() or exc is None:
+        return None
+    seen = set() if seen is None else seen
+    if id(exc) in seen:
+        return None
+    seen.add(id(exc))
+    if isinstance(exc, BaseExceptionGroup):
+        reasons = [environment_refusal(e, seen) for e in exc.exceptions]
+        return reasons[0] if reasons and all(reasons) else None
+    for pattern, why in _ENVIRONMENT:
+        if pattern.search(str(exc)):
+            return f"not run here: {why} ({type(exc).__name__}: {str(exc)[:120]})"
+    return environment_refusal(exc.__cause__, seen) or environment_refusal(exc.__context__, seen)
+
+
 def verdict_for(exc: BaseException):
     """The verdict (``conformance.verdicts``) a refusal rule reads in ``exc``, or None."""
-    from conformance.verdicts import NeedsHardware, NotOffered
+    from conformance.verdicts import EnvironmentRefusal, NeedsHardware, NotOffered
 
+    reason = environment_refusal(exc)
+    if reason:
+        return EnvironmentRefusal(reason)
     reason = gpu_refusal(exc)
     if reason:
         return NeedsHardware(reason)

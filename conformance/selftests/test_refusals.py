@@ -166,3 +166,28 @@ def test_an_unwritten_backward_is_reported_not_offered(targets, tmp_path):
     ).stdout
     row = next((ln for ln in out.splitlines() if ln.strip().startswith("attention pytorch backward")), "")
     assert "not offered" in row and "backward raises NotImplementedError" in row, out[-2000:]
+
+
+def _raise(exc):
+    raise exc
+
+
+@pytest.mark.parametrize(
+    "message, words",
+    [
+        ("0 active drivers ([]). There should only be one.", "autotuner"),
+        ("NVTX functions not installed. Are you sure you have a CUDA build?", "torch.cuda.nvtx"),
+    ],
+)
+def test_the_environment_refusing_the_targets_code_is_not_run_here(message, words):
+    from conformance.verdicts import EnvironmentRefusal, classify
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a GPU: with one, these errors are the target's")
+    try:
+        _raise(RuntimeError(message))
+    except RuntimeError as exc:
+        verdict = classify(exc)
+    assert isinstance(verdict, EnvironmentRefusal) and words in verdict.reason
+    assert verdict.reason.startswith("not run here")
+    assert classify(RuntimeError("0 passed checks, a wrong answer")) is None

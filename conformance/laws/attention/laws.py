@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from conformance import oracle
 from conformance.verdicts import NeedsHardware
 from conformance.lawbook import API, CONTRACT, Law, by_name
-from conformance.laws.attention.magnitudes import attention_magnitudes
+from conformance.laws.attention.magnitudes import attention_magnitudes, mixed_precision_forward
 from conformance.laws.attention.strategies import (
     AttentionCase,
     Budget,
@@ -82,7 +82,7 @@ def run_forward(attn, case: AttentionCase, device, inputs=None):
 @dataclass
 class References:
     ref64: dict  # float64 reference of every quantity
-    eager: dict  # eager reference in the case's dtype
+    eager: dict  # eager reference in the case's dtype (the forward: FlashAttention's mixed arithmetic)
     magnitudes: dict
 
 
@@ -90,6 +90,8 @@ def references(case: AttentionCase, device, with_grads: bool) -> References:
     (q, k, v, do), (q64, k64, v64, do64) = case.make(device)
     ref = _eager_quantities(q64, k64, v64, do64, case, with_grads)
     eager = _eager_quantities(q.detach(), k.detach(), v.detach(), do, case, with_grads)
+    if case.dtype in (torch.float16, torch.bfloat16):  # the forward's yardstick: FlashAttention's own arithmetic
+        eager["O"], eager["L"] = mixed_precision_forward(q.detach(), k.detach(), v.detach(), case.is_causal, case.scale)
     mags = attention_magnitudes(q64, k64, v64, do64, case.is_causal, case.softmax_scale, case.dtype)
     return References(ref, eager, mags)
 

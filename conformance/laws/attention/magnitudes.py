@@ -1,6 +1,17 @@
 """The oracle's yardstick for attention: the magnitudes of the terms summed into each
-output and gradient element (the rounding floor ``conformance.oracle`` adds), and the
-calibration that shows the tiled PyTorch FlashAttention-2 sits well inside the bound.
+output and gradient element (the rounding floor ``conformance.oracle`` adds), the eager
+forward a low-precision FlashAttention is measured against, and the calibration that
+shows the tiled PyTorch FlashAttention-2 sits well inside the bound.
+
+FlashAttention's contract for fp16 and bf16 inputs is to accumulate in float32: the
+handout's kernels keep the running max, the softmax denominator l and the O accumulator
+in float32, round P to the input dtype for the P V matmul, and round O once at the end.
+So the forward's yardstick in low precision is that arithmetic done eagerly
+(``mixed_precision_forward``), and O's rounding floor is float32 ulps of the terms summed
+plus input-dtype ulps of O itself (the final rounding), not input-dtype ulps of every term:
+an implementation that accumulates in the input precision makes an error that grows with
+the number of keys and fails from a few hundred keys on (``conformance.mutants.attention``:
+``input_precision_accumulators``).
 
 ``python -m conformance.laws.attention.magnitudes`` prints the calibration.
 """
@@ -37,13 +48,29 @@ def attention_magnitudes(q, k, v, grad_o, is_causal: bool, scale: float, dtype=N
     exp_arg_ulps = oracle.eps(torch.float32) / oracle.eps(dtype or torch.float32)
     p_recomputed = p * (1 + exp_arg_ulps * (mag_s + lse.abs()[..., None]))
     mag_ds = p_recomputed * (do.abs() @ v.abs().transpose(-1, -2) + (do * o).abs().sum(-1, keepdim=True))
+    mag_o = p @ v.abs()
+    if dtype in (torch.float16, torch.bfloat16):
+        # accumulated in float32, rounded once: eps(dtype) * mag = eps32 * P|V| + eps(dtype) * |O|
+        mag_o = exp_arg_ulps * mag_o + o.abs()
     return {
-        "O": p @ v.abs(),
+        "O": mag_o,
         "L": lse.abs() + mag_s.amax(dim=-1),
         "dQ": scale * (mag_ds @ k.abs()),
         "dK": scale * (mag_ds.transpose(-1, -2) @ q.abs()),
         "dV": p_recomputed.transpose(-1, -2) @ do.abs(),
     }
+
+
+def mixed_precision_forward(q, k, v, is_causal: bool, scale=None):
+    """(O, L) from low-precision inputs the way a FlashAttention kernel computes them: float32
+    scores, max, denominator and accumulation; P rounded to the input dtype before P V; O
+    rounded to the input dtype at the end; L kept in float32."""
+    s = attention_scores(q.float(), k.float(), is_causal, scale)
+    lse = torch.logsumexp(s, dim=-1)
+    m = s.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)  # a fully masked row stays finite
+    p = torch.exp(s - m)
+    o = (p.to(q.dtype).float() @ v.float()) / p.sum(dim=-1, keepdim=True)
+    return o.to(q.dtype), lse
 
 
 def _calibrate() -> None:  # pragma: no cover - a measurement script, not a test
