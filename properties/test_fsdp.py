@@ -1,7 +1,8 @@
 """FSDP laws against ``--target`` (the CS336 2026 names; the API tier also uses
 ``get_fsdp_strategy`` and ``fsdp_no_sync``).  Laws, models, reference and checks live in
 ``conformance/laws/fsdp/``; each example runs one case on a live pool of ranks (gloo on
-the CPU, world sizes 1 to 4; NCCL on GPUs)."""
+the CPU, world sizes 1 to 4; NCCL on GPUs).  ``test_contract_*`` are the CS336 contract
+tier (its shapes, fp32/fp16, SGD); the others are extras of the wider API."""
 
 from __future__ import annotations
 
@@ -23,23 +24,23 @@ def _run(law_name: str, target) -> None:
     run()
 
 
-def test_gathered_parameters_match_one_process_trained_on_the_whole_batch(target):
+def test_contract_gathered_parameters_match_one_process_trained_on_the_whole_batch(target):
     _run("fsdp_trajectory_matches_one_process", target)
 
 
-def test_each_rank_holds_its_share_and_the_shards_are_exactly_the_full_parameters(target):
+def test_contract_each_rank_holds_its_share_and_the_shards_are_exactly_the_full_parameters(target):
     _run("fsdp_shards_partition_the_parameters", target)
 
 
-def test_master_weights_and_gradients_are_fp32_and_forward_communicates_in_the_compute_dtype(target):
+def test_contract_master_weights_and_gradients_are_fp32_and_forward_communicates_in_the_compute_dtype(target):
     _run("fsdp_dtypes_fp32_master_compute_dtype_communication", target)
 
 
-def test_replicated_parameters_get_bit_identical_gradients_on_every_rank(target):
+def test_contract_replicated_parameters_get_bit_identical_gradients_on_every_rank(target):
     _run("fsdp_replicated_gradients_are_bit_identical", target)
 
 
-def test_at_rest_no_full_parameter_is_held_and_bytes_are_total_over_w_plus_the_largest(target):
+def test_contract_at_rest_no_full_parameter_is_held_and_bytes_are_total_over_w_plus_the_largest(target):
     _run("fsdp_memory_at_rest_is_sharded", target)
 
 
