@@ -16,6 +16,19 @@ factory functions with CS336 assignment 2 adapter names:
     fsdp_gather_full_params(model)                                         (2026)
     get_sharded_optimizer(params, optimizer_cls, **kwargs)                 (both)
 
+Beyond the course, entry points of the same shape (stable: others write adapters for them):
+
+  context parallelism (ring attention; every rank of the group calls, on its own shard)
+    get_ring_attention_autograd_function()           -> autograd.Function class;
+        .apply(q, k, v, is_causal, group, layout[, scale]) positional; q, k, v and the
+        output are this rank's shard (..., N / W, d); group None = the default group;
+        layout "contiguous" or "zigzag"; saves one logsumexp of shape q.shape[:-1]
+    merge_attention_partials(o1, lse1, o2, lse2)     -> (o, lse), natural-log L
+    context_parallel_shard(x, world_size, rank, layout="contiguous", dim=-2) -> Tensor
+    context_parallel_unshard(shards, layout="contiguous", dim=-2)            -> Tensor
+    context_parallel_positions(seq_len, world_size, rank, layout="contiguous", device=None)
+                                                     -> int64 positions of the shard
+
 A factory that is missing, or that raises ``NotImplementedError``, means "not offered":
 the checks that need it are reported as not offered, never as passed or crashed.
 
@@ -51,6 +64,8 @@ CAPABILITY_FACTORIES = {
     "DDP ddp2026": ("get_ddp", "ddp_on_after_backward"),
     "sharded optimizer": ("get_sharded_optimizer",),
     "FSDP": ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params"),
+    "context parallel": ("get_ring_attention_autograd_function", "merge_attention_partials", "context_parallel_shard",
+                         "context_parallel_unshard", "context_parallel_positions"),
 }
 
 ALL_FACTORY_NAMES = (
