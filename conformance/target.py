@@ -18,6 +18,13 @@ factory functions with CS336 assignment 2 adapter names:
 
 Beyond the course, entry points of the same shape (stable: others write adapters for them):
 
+  FSDP strategies and accumulation
+    get_fsdp_strategy(module, strategy="FULL_SHARD", compute_dtype=None, reduce_dtype=None,
+                      unit_classes=None, shard_group_size=None) -> wrapped module; strategy
+        one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD; answers
+        fsdp_on_after_backward and fsdp_gather_full_params like get_fsdp's
+    fsdp_no_sync(model)                              -> context manager: accumulate, no reduction
+
   context parallelism (ring attention; every rank of the group calls, on its own shard)
     get_ring_attention_autograd_function()           -> autograd.Function class;
         .apply(q, k, v, is_causal, group, layout[, scale]) positional; q, k, v and the

@@ -2,8 +2,7 @@
 
 ``rejection(law_name, target_spec, max_examples, flavour)``: the first line of the failure,
 or None.  World sizes >= 2 (most bugs are invisible on one rank), derandomised, no
-shrinking.  ``CONTROL`` (impl) must pass the same runs; ``NEEDS_RANKS`` says where a
-survivor is "not run here" rather than failed.
+shrinking.  ``CONTROL`` (impl) must pass the same runs
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from conformance.laws.ddp.laws import LAWS_BY_NAME
 
 CONTROL = "impl"
 DEFAULT_EXAMPLES = 12
-NEEDS_RANKS = 2
 SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True, report_multiple_bugs=False)
 
 

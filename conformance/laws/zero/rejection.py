@@ -1,9 +1,7 @@
 """Running a sharded-optimizer law against a kept mutant, for a verdict only.
 
 ``rejection(law_name, target_spec, max_examples)``: the first line of the failure, or None.
-Derandomised, no shrinking.  ``CONTROL`` (impl) must pass the same runs.  A sharding bug
-needs two ranks to show: ``NEEDS_RANKS`` tells the mutant self-test to report a survivor as
-not run where only one rank can run (one GPU, ``--world-size 1``).
+Derandomised, no shrinking.  ``CONTROL`` (impl) must pass the same runs.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from conformance.laws.zero.laws import LAWS_BY_NAME, check_law
 
 CONTROL = "impl"
 DEFAULT_EXAMPLES = 10
-NEEDS_RANKS = 2
 SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
 
 
