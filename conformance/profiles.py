@@ -17,6 +17,9 @@ from hypothesis import HealthCheck, settings
 _COMMON = dict(
     deadline=None,  # kernels compile on first use; wall-clock deadlines would be noise
     print_blob=True,
+    # One failure per law: the first bug found, shrunk.  A second "distinct" failure met
+    # while shrinking (a timeout on a smaller case, a crash) would bury the real message.
+    report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
 
