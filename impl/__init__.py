@@ -246,23 +246,3 @@ def context_parallel_positions(seq_len, world_size, rank, layout="contiguous", d
     from .context_parallel import shard_positions
 
     return shard_positions(seq_len, world_size, rank, layout, device)
-
-
-# --- pipeline parallelism -----------------------------------------------------------
-
-
-def get_pipeline_schedule(name, n_stages, n_microbatches):
-    """Per rank (rank r holds stage r), the ordered actions of schedule ``name``
-    ("afab"/"gpipe" or "1f1b"): ``Action(kind "F"|"B", microbatch, stage)``."""
-    from .pipeline import schedule
-
-    return schedule(name, n_stages, n_microbatches)
-
-
-def pipeline_train_step(stage_module, schedule, inputs, targets, loss_fn, n_microbatches, group=None, normalizer=None):
-    """One pipelined training step on every rank of ``group``; see impl.pipeline.executor.
-    Returns the step's loss (summed micro-batch losses / normalizer) on the last stage,
-    None elsewhere; gradients accumulate into the stage's ``param.grad``."""
-    from .pipeline import pipeline_train_step as step
-
-    return step(stage_module, schedule, inputs, targets, loss_fn, n_microbatches, group=group, normalizer=normalizer)
