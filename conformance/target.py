@@ -36,6 +36,17 @@ Beyond the course, entry points of the same shape (stable: others write adapters
     context_parallel_positions(seq_len, world_size, rank, layout="contiguous", device=None)
                                                      -> int64 positions of the shard
 
+  pipeline parallelism
+    get_pipeline_schedule(name, n_stages, n_microbatches) -> one ordered tuple of actions per
+        rank (rank r holds stage r); name "afab" (or "gpipe") or "1f1b"; an action is
+        Action(kind, microbatch, stage) with kind "F" or "B" (plain triples accepted); any m >= 1
+    pipeline_train_step(stage_module, schedule, inputs, targets, loss_fn, n_microbatches,
+                        group=None, normalizer=None) -> the loss on the last stage, None elsewhere;
+        every rank calls it with its own stage; inputs read on stage 0, targets on the last;
+        micro-batches by torch.tensor_split along dim 0; loss_fn returns the micro-batch loss
+        summed; the step's loss is their sum divided once by normalizer (default: the batch
+        size); gradients add into .grad (accumulation: pass the count over all steps)
+
 A factory that is missing, or that raises ``NotImplementedError``, means "not offered":
 the checks that need it are reported as not offered, never as passed or crashed.
 
@@ -71,6 +82,7 @@ CAPABILITY_FACTORIES = {
     "DDP ddp2026": ("get_ddp", "ddp_on_after_backward"),
     "sharded optimizer": ("get_sharded_optimizer",),
     "FSDP": ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params"),
+    "pipeline parallel": ("get_pipeline_schedule", "pipeline_train_step"),
     "context parallel": ("get_ring_attention_autograd_function", "merge_attention_partials", "context_parallel_shard",
                          "context_parallel_unshard", "context_parallel_positions"),
 }

@@ -35,7 +35,7 @@ KEPT = {
     "conformance.mutants.fsdp": ("conformance.laws.fsdp.laws", "conformance.laws.fsdp.laws", 2),
     "conformance.mutants.context_parallel": ("conformance.laws.context_parallel.laws", "conformance.laws.context_parallel.laws", 2),
     "conformance.mutants.tensor_parallel": ("conformance.laws.tensor_parallel.laws", "conformance.laws.tensor_parallel.laws", 2),
-    "conformance.mutants.pipeline": ("conformance.laws.pipeline.laws", "conformance.laws.pipeline.laws", 2),
+    "conformance.mutants.pipeline": ("conformance.laws.pipeline.laws", "conformance.laws.pipeline.laws", 1),
 }
 MIN_MUTANTS = {"attention": 10, "DDP": 8, "sharded optimizer": 6, "FSDP": 8, "context parallel": 8,
                "tensor parallel": 6, "pipeline parallel": 6}
@@ -66,7 +66,8 @@ def _module_of(mutant) -> str:
 
 
 def _run(runner, law: str, target_spec: str, flavour: str) -> str | None:
-    budget = examples(getattr(runner, "DEFAULT_EXAMPLES", 12))
+    per_law = getattr(runner, "mutant_examples", None)
+    budget = examples(per_law(law) if per_law else getattr(runner, "DEFAULT_EXAMPLES", 12))
     if flavour:
         return runner.rejection(law, target_spec, budget, flavour=flavour)
     return runner.rejection(law, target_spec, budget)

@@ -97,6 +97,12 @@ def check_law(law: Law, subject: str, device=None, max_examples: int | None = No
 MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
 
 
+def mutant_examples(law_name: str) -> int:
+    """Examples (ci profile) a mutant run of the law draws: pure schedule laws are cheap, a
+    law on ranks costs a pipeline step per example."""
+    return 4 if law_name in DISTRIBUTED else 12
+
+
 def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
     """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes."""
     try:
