@@ -28,7 +28,7 @@ Contract
       (conftest.py reports it as a skip "needs N GPUs").
     - Pools: one per (world size, backend), started lazily (2 to 10 s on the shared
       2-core box: every rank imports torch) and reused across tests and Hypothesis
-      examples, so a case costs milliseconds (perf/RESULTS.md).  Several pools can be
+      examples, so a case costs milliseconds (perf/notes/RESULTS.md).  Several pools can be
       alive at once, up to ``SUITE_HARNESS_MAX_RANKS`` (12) rank processes in all; the
       least recently used pool is closed first.  A pool is replaced when a case asks for
       a timeout longer than its collectives' timeout, or when the suite's environment

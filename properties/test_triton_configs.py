@@ -1,6 +1,6 @@
 """Every tile configuration and switch of our Triton FlashAttention computes the same function.
 
-The GPU defaults of ``impl.attention.flash_triton`` are picked by speed (perf/tune_attention.py), so
+The GPU defaults of ``impl.attention.flash_triton`` are picked by speed (perf/tune/tune_attention.py), so
 any config the table may hold must be as right as the others: tile shapes, the dQ kernel's
 own warps and stages, the longest-first program order under causal masking, and tiles
 loaded through tensor descriptors (TMA).  Drawn: an attention case (any layout, ragged

@@ -26,7 +26,7 @@ Contract
     of about ``bucket_mb`` so that communication of one bucket overlaps the update of
     the next (None: one bucket).  The default sync is "allgather": one collective per
     bucket that moves every rank's shard at once, where "broadcast" sends the owners'
-    parameters one after another (perf/bench_sharded_optimizer.py measures both on two
+    parameters one after another (perf/bench/sharded_optimizer.py measures both on two
     GPUs).  Optimizers whose step needs to re-evaluate the closure (LBFGS) are not
     supported.
 
