@@ -1,0 +1,165 @@
+"""torch's own tensor parallelism (DTensor) as a target: the known-good tensor-parallel layers.
+
+``--target conformance.adapters.torch_tensor_parallel`` checks it with the tensor-parallel
+laws.  The entry points map onto ``torch.distributed.tensor.parallel``:
+
+    get_column_parallel_linear(linear, group, gather_output)   ColwiseParallel (output Shard(-1),
+                                                               or Replicate() to gather)
+    get_row_parallel_linear(linear, group, input_is_parallel)  RowwiseParallel (input Shard(-1), or
+                                                               Replicate() split on entry)
+    get_vocab_parallel_embedding(embedding, group)             RowwiseParallel(input_layouts=Replicate())
+                                                               on nn.Embedding
+    vocab_parallel_cross_entropy(local_logits, targets, ...)   F.cross_entropy under loss_parallel()
+                                                               on DTensor.from_local(..., Shard(1))
+    get_tensor_parallel_block(block, group)                    the dense block with its fused QKV
+                                                               split into q, k, v Linear modules
+                                                               (ColwiseParallel; a fused weight
+                                                               sharded by rows would mix Q, K and V
+                                                               rows), proj / down RowwiseParallel,
+                                                               up ColwiseParallel, norms replicated
+    get_tensor_parallel_gpt(model, group)                      the same blocks; token embedding
+                                                               RowwiseParallel, LM head ColwiseParallel
+    tensor_parallel_gather_full_params / _grads                DTensor.full_tensor(), q/k/v fused back
+
+The mesh is ``DeviceMesh.from_group(group or the default group)``.  Sequence parallelism
+(``sequence_parallel=True``) is not offered by this adapter.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _mesh(group, device: torch.device):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(group if group is not None else dist.group.WORLD, device.type)
+
+
+def _device(module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def get_column_parallel_linear(linear, group=None, gather_output=False):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    style = ColwiseParallel(output_layouts=Replicate() if gather_output else Shard(-1))
+    return parallelize_module(linear, _mesh(group, _device(linear)), style)
+
+
+def get_row_parallel_linear(linear, group=None, input_is_parallel=True):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    style = RowwiseParallel(input_layouts=Shard(-1) if input_is_parallel else Replicate())
+    return parallelize_module(linear, _mesh(group, _device(linear)), style)
+
+
+def get_vocab_parallel_embedding(embedding, group=None):
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    return parallelize_module(embedding, _mesh(group, _device(embedding)), RowwiseParallel(input_layouts=Replicate()))
+
+
+def vocab_parallel_cross_entropy(local_logits, targets, group=None, *, vocab_size=None, ignore_index=-100, reduction="mean"):
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    mesh = _mesh(group, local_logits.device)
+    w = mesh.size()
+    vocab_size = vocab_size if vocab_size is not None else w * local_logits.shape[-1]
+    local = local_logits.reshape(-1, local_logits.shape[-1])
+    logits = DTensor.from_local(local, mesh, [Shard(1)], run_check=False, shape=torch.Size((local.shape[0], vocab_size)),
+                                stride=(vocab_size, 1))
+    with loss_parallel():
+        loss = F.cross_entropy(logits, targets.reshape(-1), ignore_index=ignore_index, reduction=reduction)
+    if isinstance(loss, DTensor):
+        loss = loss.full_tensor()
+    return loss.reshape(targets.shape) if reduction == "none" else loss
+
+
+class _SplitQKVAttention(nn.Module):
+    """The dense attention with separate q, k, v projections (so each can be column-sharded)."""
+
+    def __init__(self, attn):
+        super().__init__()
+        c = attn.proj.in_features
+        self.d_head, self.backend = c // attn.n_heads, attn.backend
+        self.q, self.k, self.v = (nn.Linear(c, c, bias=False, device=attn.qkv.weight.device) for _ in range(3))
+        with torch.no_grad():
+            for lin, w in zip((self.q, self.k, self.v), attn.qkv.weight.split(c, dim=0)):
+                lin.weight.copy_(w)
+        self.proj = attn.proj
+
+    def forward(self, x):
+        from impl.models import gpt
+
+        b, n, _ = x.shape
+        q, k, v = (lin(x) for lin in (self.q, self.k, self.v))  # (B, N, C / W): this rank's heads
+        q, k, v = (t.view(b, n, -1, self.d_head).transpose(1, 2) for t in (q, k, v))
+        y = gpt.attention(q, k, v, self.backend)
+        return self.proj(y.transpose(1, 2).reshape(b, n, -1))
+
+
+def _block_plan():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.proj": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+
+
+def get_tensor_parallel_block(block, group=None, sequence_parallel=False):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if sequence_parallel:
+        raise NotImplementedError("the torch adapter does not offer sequence parallelism")
+    block.attn = _SplitQKVAttention(block.attn)
+    return parallelize_module(block, _mesh(group, _device(block)), _block_plan())
+
+
+def get_tensor_parallel_gpt(model, group=None, sequence_parallel=False):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    if sequence_parallel:
+        raise NotImplementedError("the torch adapter does not offer sequence parallelism")
+    plan = {"tok": RowwiseParallel(input_layouts=Replicate()), "head": ColwiseParallel(output_layouts=Shard(-1))}
+    for i, block in enumerate(model.blocks):
+        block.attn = _SplitQKVAttention(block.attn)
+        plan.update({f"blocks.{i}.{k}": v for k, v in _block_plan().items()})
+    return parallelize_module(model, _mesh(group, _device(model)), plan)
+
+
+def _dense(module, tensors: dict) -> dict:
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("attn.q.weight"):
+            prefix = name[: -len("q.weight")]
+            parts = [tensors[prefix + p + ".weight"] for p in "qkv"]
+            out[prefix + "qkv.weight"] = None if any(p is None for p in parts) else torch.cat(parts, dim=0)
+        elif name.endswith(("attn.k.weight", "attn.v.weight")):
+            continue
+        else:
+            out[name] = t
+    return out
+
+
+def _full(t):
+    from torch.distributed.tensor import DTensor
+
+    if t is None:
+        return None
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def tensor_parallel_gather_full_params(module):
+    return _dense(module, {n: _full(p) for n, p in module.named_parameters()})
+
+
+def tensor_parallel_gather_full_grads(module):
+    return _dense(module, {n: _full(p.grad) for n, p in module.named_parameters()})

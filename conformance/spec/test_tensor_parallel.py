@@ -1,0 +1,106 @@
+"""Fixed tensor-parallel spec cases: the conformance job's rows for tensor parallelism.
+
+There is no course handout for tensor parallelism; the contract is this project's protocol
+(``impl/__init__.py``, tensor-parallelism section).  Each case is one fixed example of a
+law of ``conformance.laws.tensor_parallel`` at world size 2 or 4 (gloo on the CPU; on GPUs
+skipped as "needs N GPUs" where fewer are present), checked the same way.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.harness import require_world_size
+from conformance.laws.tensor_parallel.laws import LAWS_BY_NAME
+from conformance.laws.tensor_parallel.strategies import BlockCase, CrossEntropyCase, EmbeddingCase, LinearCase, ModelCase
+
+pytestmark = pytest.mark.distributed
+
+
+def _run(law_name, target, case):
+    require_world_size(case.world_size)
+    LAWS_BY_NAME[law_name].check(target.spec, case)
+
+
+def _ce(w, vocab, reduction, n_ignored=0, ignore_index=-100, scale=1.0, shift=0.0):
+    return CrossEntropyCase(w, 11, vocab, 2 * w + 6, (2, w + 3), reduction, ignore_index, n_ignored, scale, shift, "float32")
+
+
+# --- layers -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gather_output", [False, True])
+def test_column_parallel_linear_with_bias_at_2_ranks(target, gather_output):
+    _run("column_parallel_linear_matches_the_dense_layer", target, LinearCase(2, 1, (2, 3), 6, 8, True, gather_output))
+
+
+@pytest.mark.parametrize("input_is_parallel", [True, False])
+def test_row_parallel_linear_adds_its_bias_once_at_2_ranks(target, input_is_parallel):
+    _run("row_parallel_linear_matches_the_dense_layer_with_the_bias_added_once", target, LinearCase(2, 2, (2, 3), 8, 5, True, input_is_parallel))
+
+
+def test_row_parallel_linear_adds_its_bias_once_at_4_ranks(target):
+    _run("row_parallel_linear_matches_the_dense_layer_with_the_bias_added_once", target, LinearCase(4, 3, (3,), 8, 4, True, True))
+
+
+def test_vocab_parallel_embedding_divisible_vocabulary_at_2_ranks(target):
+    _run("vocab_parallel_embedding_matches_the_dense_table_for_every_id", target, EmbeddingCase(2, 4, 8, 3, 2))
+
+
+def test_vocab_parallel_embedding_vocabulary_not_divisible_by_4_ranks(target):
+    _run("vocab_parallel_embedding_matches_the_dense_table_for_every_id", target, EmbeddingCase(4, 5, 10, 3, 2))
+
+
+# --- cross-entropy -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_vocab_parallel_cross_entropy_reductions_with_ignored_tokens_at_2_ranks(target, reduction):
+    _run("vocab_parallel_cross_entropy_equals_cross_entropy_on_the_full_logits", target, _ce(2, 10, reduction, n_ignored=3))
+
+
+def test_vocab_parallel_cross_entropy_vocabulary_not_divisible_by_4_ranks(target):
+    _run("vocab_parallel_cross_entropy_equals_cross_entropy_on_the_full_logits", target, _ce(4, 10, "mean", n_ignored=2, ignore_index=9))
+
+
+def test_vocab_parallel_cross_entropy_with_an_empty_shard_at_4_ranks(target):
+    # vocabulary 5 at 4 ranks: shards of 2, 2, 1 and 0 ids
+    _run("vocab_parallel_cross_entropy_equals_cross_entropy_on_the_full_logits", target, _ce(4, 5, "mean"))
+
+
+def test_vocab_parallel_cross_entropy_is_invariant_to_adding_4096_at_2_ranks(target):
+    _run("vocab_parallel_cross_entropy_is_invariant_to_adding_a_constant_to_all_logits", target, _ce(2, 10, "mean", shift=4096.0))
+
+
+def test_vocab_parallel_cross_entropy_stays_finite_for_logits_of_1e36_at_2_ranks(target):
+    _run("vocab_parallel_cross_entropy_stays_finite_for_huge_logits", target, _ce(2, 10, "mean", scale=1e36))
+
+
+# --- block and model -----------------------------------------------------------------------------
+
+
+def test_tensor_parallel_block_at_2_ranks(target):
+    _run("tensor_parallel_block_matches_the_dense_block", target, BlockCase(2, 6, 4, 4, 16, 2, 5, False))
+
+
+def test_tensor_parallel_block_at_4_ranks(target):
+    _run("tensor_parallel_block_matches_the_dense_block", target, BlockCase(4, 7, 2, 4, 8, 1, 4, False))
+
+
+def test_mlp_and_block_collective_counts_at_2_ranks(target):
+    _run("mlp_does_one_all_reduce_forward_and_one_backward", target, BlockCase(2, 8, 4, 2, 8, 1, 3, False))
+
+
+def test_tensor_parallel_gpt_two_sgd_steps_at_2_ranks(target):
+    _run("tensor_parallel_gpt_matches_the_dense_model_over_optimizer_steps", target, ModelCase(2, 9, 4, 2, 8, 2, 11, 1, 4, "SGD", 2, -100))
+
+
+# --- wider API: sequence parallelism --------------------------------------------------------------
+
+
+def test_sequence_parallel_block_at_2_ranks(target):
+    _run("sequence_parallel_block_matches_the_dense_block", target, BlockCase(2, 10, 4, 2, 8, 2, 4, True))
+
+
+def test_sequence_parallel_block_collectives_at_2_ranks(target):
+    _run("sequence_parallel_block_all_gathers_and_reduce_scatters_instead_of_all_reducing", target, BlockCase(2, 11, 4, 2, 8, 1, 4, True))
