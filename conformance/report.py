@@ -283,6 +283,11 @@ class ConformanceReport:
             out.append(f"| {r.capability} | {r.status} | {r.why()} |")
         for family, why in self.unchecked():
             out.append(f"| {family} | {'no checks yet' if why.startswith('no checks') else 'not checked'} | {why} |")
+        from conformance.capabilities import NOTES
+
+        for family, note in NOTES.items():
+            if any(r.capability == family or r.capability.startswith(family + " ") for r in self.rows()):
+                out += ["", f"Note on {family}: {note}"]
         fails = [r for r in self.rows() if r.failures]
         if fails:
             out += ["", "## Failures"]
@@ -336,6 +341,11 @@ class ConformanceReport:
             tr.write(f"  {r.capability:<{width}}  ")
             tr.write(f"{r.status:<13}", **markup)
             tr.write_line(f"  {r.why()}")
+        from conformance.capabilities import NOTES
+
+        for family, note in NOTES.items():
+            if any(r.capability == family or r.capability.startswith(family + " ") for r in self.rows()):
+                tr.write_line(f"  note on {family}: {note}")
         for family, why in unchecked:
             tr.write(f"  {family:<{width}}  ")
             tr.write(f"{'no checks yet' if why.startswith('no checks') else 'not checked':<13}", yellow=True)
