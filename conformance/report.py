@@ -341,15 +341,15 @@ class ConformanceReport:
             tr.write(f"  {r.capability:<{width}}  ")
             tr.write(f"{r.status:<13}", **markup)
             tr.write_line(f"  {r.why()}")
+        for family, why in unchecked:
+            tr.write(f"  {family:<{width}}  ")
+            tr.write(f"{'no checks yet' if why.startswith('no checks') else 'not checked':<13}", yellow=True)
+            tr.write_line(f"  {why}")
         from conformance.capabilities import NOTES
 
         for family, note in NOTES.items():
             if any(r.capability == family or r.capability.startswith(family + " ") for r in self.rows()):
                 tr.write_line(f"  note on {family}: {note}")
-        for family, why in unchecked:
-            tr.write(f"  {family:<{width}}  ")
-            tr.write(f"{'no checks yet' if why.startswith('no checks') else 'not checked':<13}", yellow=True)
-            tr.write_line(f"  {why}")
         unreported = sum(r.unreported for r in self.rows())
         if unreported:
             tr.write_line(
