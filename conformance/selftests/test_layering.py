@@ -27,7 +27,7 @@ MECHANISMS = {
     f"conformance.{name}"
     for name in (
         "__init__", "__main__", "target", "verdicts", "refusals", "oracle", "profiles", "harness",
-        "harness_torchrun", "report", "lawbook", "capabilities", "accounting",
+        "harness_torchrun", "report", "lawbook", "capabilities", "accounting", "isolation",
     )
 }
 TESTS = ("conformance.spec", "properties", "conformance.selftests")

@@ -293,7 +293,7 @@ def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> Non
             raise NeedsHardware("needs a GPU: sequences in the thousands are too slow for the Triton interpreter")
         strategy = law.cases(budget, False, flavour)
         if long and torch.device(device).type == "cpu":  # seconds an example on the CPU: a few suffice
-            settings_overrides.setdefault("max_examples", LONG_CPU_EXAMPLES)
+            settings_overrides["max_examples"] = min(settings_overrides.get("max_examples", LONG_CPU_EXAMPLES), LONG_CPU_EXAMPLES)
     else:
         strategy = law.cases(budget, accepts_scale(attn))
 
