@@ -66,20 +66,37 @@ def get_vocab_parallel_embedding(embedding, group=None):
     return parallelize_module(embedding, _mesh(group, _device(embedding)), RowwiseParallel(input_layouts=Replicate()))
 
 
-def vocab_parallel_cross_entropy(local_logits, targets, group=None, *, vocab_size=None, ignore_index=-100, reduction="mean"):
-    from torch.distributed.tensor import DTensor, Shard
-    from torch.distributed.tensor.parallel import loss_parallel
+class _LossParallel(torch.autograd.Function):
+    """loss_parallel() must enclose the backward as well as the forward (torch's docs): the
+    DTensor loss is built and differentiated inside it, behind a plain autograd boundary."""
 
+    @staticmethod
+    def forward(ctx, local_logits, targets, mesh, vocab_size, ignore_index, reduction):
+        from torch.distributed.tensor import DTensor, Shard
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        leaf = local_logits.detach().reshape(-1, local_logits.shape[-1]).requires_grad_(True)
+        with torch.enable_grad(), loss_parallel():
+            logits = DTensor.from_local(leaf, mesh, [Shard(1)], run_check=False,
+                                        shape=torch.Size((leaf.shape[0], vocab_size)), stride=(vocab_size, 1))
+            loss = F.cross_entropy(logits, targets.reshape(-1), ignore_index=ignore_index, reduction=reduction)
+            full = loss.full_tensor() if isinstance(loss, DTensor) else loss
+        ctx.leaf, ctx.full, ctx.shape = leaf, full, local_logits.shape
+        return full.detach().clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        with loss_parallel():
+            torch.autograd.backward(ctx.full, grad)
+        return ctx.leaf.grad.reshape(ctx.shape), None, None, None, None, None
+
+
+def vocab_parallel_cross_entropy(local_logits, targets, group=None, *, vocab_size=None, ignore_index=-100, reduction="mean"):
     mesh = _mesh(group, local_logits.device)
-    w = mesh.size()
-    vocab_size = vocab_size if vocab_size is not None else w * local_logits.shape[-1]
-    local = local_logits.reshape(-1, local_logits.shape[-1])
-    logits = DTensor.from_local(local, mesh, [Shard(1)], run_check=False, shape=torch.Size((local.shape[0], vocab_size)),
-                                stride=(vocab_size, 1))
-    with loss_parallel():
-        loss = F.cross_entropy(logits, targets.reshape(-1), ignore_index=ignore_index, reduction=reduction)
-    if isinstance(loss, DTensor):
-        loss = loss.full_tensor()
+    vocab_size = vocab_size if vocab_size is not None else mesh.size() * local_logits.shape[-1]
+    loss = _LossParallel.apply(local_logits, targets, mesh, vocab_size, ignore_index, reduction)
     return loss.reshape(targets.shape) if reduction == "none" else loss
 
 
