@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from conformance.harness import resolve_device
+
 from conformance import oracle
 
 from . import model as models
@@ -24,7 +26,9 @@ def shard_size(case: FSDPCase) -> int:
 
 def check_parity(case: FSDPCase, results: list[dict], ref32: list[dict], ref64: list[dict]) -> None:
     """Gathered parameters equal the reference after every step, on every rank."""
-    exact = case.compute is None and case.world_size <= 2
+    # Bit for bit only where the reference's arithmetic is the ranks': on the CPU (the
+    # reference runs there; a GPU's kernels round differently), fp32, up to two ranks.
+    exact = case.compute is None and case.world_size <= 2 and resolve_device() == "cpu"
     for s in range(case.steps):
         expected32, expected64 = ref32[s + 1], ref64[s + 1]
         for r, res in enumerate(results):
