@@ -103,6 +103,17 @@ def contract_except(**extras: str) -> Callable[[Check], tuple[str, str]]:
 TIERS: dict[str, Callable[[Check], tuple[str, str]]] = {
     "conformance.spec.test_context_parallel": contract_except(),
     "properties.test_context_parallel": contract_except(test_ring_matches_full_attention_in_fp16_and_bf16="fp16 / bf16"),
+    # no course handout for tensor parallelism: the layers are the contract; sequence
+    # parallelism is an extra
+    "conformance.spec.test_tensor_parallel": contract_except(
+        test_sequence_parallel_block_at_2_ranks="sequence parallelism",
+        test_sequence_parallel_block_collectives_at_2_ranks="sequence parallelism collectives",
+    ),
+    "properties.test_tensor_parallel": contract_except(
+        test_sequence_parallel_block_output_and_gradients_equal_the_dense_block="sequence parallelism",
+        test_sequence_parallel_block_all_gathers_and_reduce_scatters_instead_of_all_reducing="sequence parallelism collectives",
+        test_sequence_parallel_gpt_matches_the_dense_model_over_optimizer_steps="sequence-parallel GPT",
+    ),
     "conformance.spec.test_pipeline": contract_except(
         test_gradient_accumulation_over_two_steps_matches_one_dense_step="gradient accumulation",
     ),

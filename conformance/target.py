@@ -36,6 +36,21 @@ Beyond the course, entry points of the same shape (stable: others write adapters
     context_parallel_positions(seq_len, world_size, rank, layout="contiguous", device=None)
                                                      -> int64 positions of the shard
 
+  tensor parallelism (group None = the default group, W its size; rank r holds items
+  [r * ceil(n / W), (r + 1) * ceil(n / W)) clipped to n)
+    get_column_parallel_linear(linear, group=None, gather_output=False) -> module: input
+        replicated; output the rank's out features, or all of them with gather_output
+    get_row_parallel_linear(linear, group=None, input_is_parallel=True) -> module: input the
+        rank's in features (or all); output replicated, the bias added once
+    get_vocab_parallel_embedding(embedding, group=None) -> module: ids replicated, output replicated
+    vocab_parallel_cross_entropy(local_logits, targets, group=None, *, vocab_size=None,
+        ignore_index=-100, reduction="mean") -> F.cross_entropy of the full logits
+    get_tensor_parallel_block(block, group=None, sequence_parallel=False),
+    get_tensor_parallel_gpt(model, group=None, sequence_parallel=False) -> modules over
+        impl.models.gpt's Block and GPT (the GPT's output: the rank's vocabulary shard)
+    tensor_parallel_gather_full_params(module), tensor_parallel_gather_full_grads(module)
+        -> {dense name: full tensor} on every rank (a collective)
+
   pipeline parallelism
     get_pipeline_schedule(name, n_stages, n_microbatches) -> one ordered tuple of actions per
         rank (rank r holds stage r); name "afab" (or "gpipe") or "1f1b"; an action is
@@ -82,6 +97,8 @@ CAPABILITY_FACTORIES = {
     "DDP ddp2026": ("get_ddp", "ddp_on_after_backward"),
     "sharded optimizer": ("get_sharded_optimizer",),
     "FSDP": ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params"),
+    "tensor parallel": ("get_column_parallel_linear", "get_row_parallel_linear", "get_vocab_parallel_embedding",
+                        "vocab_parallel_cross_entropy"),
     "pipeline parallel": ("get_pipeline_schedule", "pipeline_train_step"),
     "context parallel": ("get_ring_attention_autograd_function", "merge_attention_partials", "context_parallel_shard",
                          "context_parallel_unshard", "context_parallel_positions"),

@@ -37,6 +37,9 @@ KEPT = {
     "conformance.mutants.tensor_parallel": ("conformance.laws.tensor_parallel.laws", "conformance.laws.tensor_parallel.laws", 2),
     "conformance.mutants.pipeline": ("conformance.laws.pipeline.laws", "conformance.laws.pipeline.laws", 1),
 }
+# Mutants sharing a scaffold of their own (a re-implementation with bug switches) have that
+# scaffold, every switch right, as a second control: mutants module -> (name prefix, target).
+SCAFFOLD_CONTROLS = {"conformance.mutants.tensor_parallel": ("ce_", "conformance.mutants.tensor_parallel:ce_right")}
 MIN_MUTANTS = {"attention": 10, "DDP": 8, "sharded optimizer": 6, "FSDP": 8, "context parallel": 8,
                "tensor parallel": 6, "pipeline parallel": 6}
 
@@ -93,15 +96,28 @@ def test_every_kept_mutant_is_rejected_by_each_law_named_for_it(mutant, law):
     assert verdict is not None, f"mutant {mutant.name!r} ({mutant.bug}) passed the {law} law"
 
 
-CONTROLS = sorted({(module, law, m.flavour) for module in kept_modules()
-                   for m in importlib.import_module(module).MUTANTS for law in m.caught_by})
+def _controls():
+    runs = set()
+    for module in kept_modules():
+        runner = _runner(module)
+        for m in importlib.import_module(module).MUTANTS:
+            for law in m.caught_by:
+                runs.add((module, law, m.flavour, getattr(runner, "CONTROL", "impl")))
+                prefix, scaffold = SCAFFOLD_CONTROLS.get(module, (None, None))
+                if prefix and m.name.startswith(prefix):
+                    runs.add((module, law, m.flavour, scaffold))
+    return sorted(runs)
 
 
-@pytest.mark.parametrize("module, law, flavour", CONTROLS, ids=[f"{m.rsplit('.', 1)[-1]}-{law}-{fl or 'any'}" for m, law, fl in CONTROLS])
-def test_the_unbroken_implementation_passes_the_same_runs(module, law, flavour):
+CONTROLS = _controls()
+
+
+@pytest.mark.parametrize("module, law, flavour, control", CONTROLS,
+                         ids=[f"{m.rsplit('.', 1)[-1]}-{law}-{fl or 'any'}-{c.rsplit(':', 1)[-1]}" for m, law, fl, c in CONTROLS])
+def test_the_unbroken_implementation_passes_the_same_runs(module, law, flavour, control):
     runner = _runner(module)
-    verdict = _run(runner, law, getattr(runner, "CONTROL", "impl"), flavour)
-    assert verdict is None, f"the unbroken implementation fails the {law} run kept for {module}: {verdict}"
+    verdict = _run(runner, law, control, flavour)
+    assert verdict is None, f"{control} (unbroken) fails the {law} run kept for {module}: {verdict}"
 
 
 @pytest.mark.parametrize("module", kept_modules())

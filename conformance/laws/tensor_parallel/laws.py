@@ -112,6 +112,11 @@ def check_law(law: Law, subject: str, *, min_world: int = 1, **settings_kwargs) 
     run()
 
 
+def mutant_examples(law_name: str) -> int:
+    """Examples (ci profile) a mutant run draws: each is a step on 2 to 4 ranks."""
+    return 6
+
+
 def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
     """The first line of ``law_name``'s failure against ``target_spec`` (world sizes >= 2),
     or None if the target passes ``max_examples`` deterministic examples."""
