@@ -35,7 +35,7 @@ def _forward(q, k, v, is_causal, scale, bugs):
         kf = kf[:1].expand_as(kf)  # every batch element attends to element 0's keys
     batch, n_q, d = qf.shape
     n_k = kf.shape[1]
-    o = torch.empty(batch, n_q, d, dtype=q.dtype, device=q.device)
+    o = torch.empty(batch, n_q, d, dtype=torch.float32 if "output_in_float32" in bugs else q.dtype, device=q.device)
     lse = torch.empty(batch, n_q, dtype=work, device=q.device)
     key_end = n_k - n_k % TILE if ("drop_partial_tile" in bugs and n_k > TILE) else n_k
     for qs in range(0, n_q, TILE):
@@ -155,6 +155,8 @@ SPECS = (
            ("batch_elements_are_independent", "forward_matches_float64_reference")),
     BuggyFlashSpec("input_precision_accumulators", "O and the softmax denominator l accumulated in the input precision (bf16)",
            ("contract_long_sequences_in_bf16_match_float64_reference",)),
+    BuggyFlashSpec("output_in_float32", "O returned in float32 for bf16 (and fp16) inputs",
+           ("contract_bf16_runs_and_keeps_the_contracts_dtypes",)),
     BuggyFlashSpec("nondeterministic", "forward adds 1-ulp noise on some calls (e.g. an unordered atomic reduction)",
            ("forward_is_bitwise_deterministic",)),
     BuggyFlashSpec("saves_flattened_lse", "L saved as (B*H, N) instead of q.shape[:-1], breaking the CS336 contract",

@@ -262,6 +262,26 @@ LAWS = (
 
 
 
+def bf16_runs_and_keeps_the_contracts_dtypes(attn, case: AttentionCase, device):
+    """bf16 inputs: forward and backward run, O and dQ/dK/dV are bf16, L has q.shape[:-1].
+
+    Values are not judged here (the other contract laws do, wherever bf16 arithmetic can
+    run); this runs everywhere, the Triton interpreter included, whose bf16 tl.dot values
+    are garbage but whose type checks are Triton's own: mixed-type tl.dot, a bf16 store of
+    a float32 block, an output left in float32 all fail here on a CPU machine."""
+    case = replace(case, dtype=torch.bfloat16)
+    (q, k, v, do), _ = case.make(device)
+    o = call(attn, q, k, v, case)
+    if o.dtype != torch.bfloat16:
+        raise AssertionError(f"O has dtype {o.dtype} for bf16 inputs, expected torch.bfloat16")
+    saved_logsumexp(o, q)
+    o.backward(do)
+    for key, t in (("dQ", q), ("dK", k), ("dV", v)):
+        if t.grad is None or t.grad.dtype != torch.bfloat16 or t.grad.shape != t.shape:
+            got = None if t.grad is None else (t.grad.dtype, tuple(t.grad.shape))
+            raise AssertionError(f"{key} for bf16 inputs: got {got}, expected bf16 of shape {tuple(t.shape)}")
+
+
 def _contract(name, check, long=False, causal=None, flavours=()):
     # Only the course's shapes, dtypes and flags (strategies.contract_cases); no extra examples.
     return Law(name, "attention", CONTRACT, lambda b, c, fl: contract_cases(b, fl, long=long, causal=causal), check,
@@ -274,6 +294,7 @@ CONTRACT_LAWS = (
     _contract("contract_logsumexp_is_row_logsumexp", logsumexp_is_row_logsumexp_and_at_least_row_max),
     _contract("contract_causal_output_ignores_future_keys", causal_output_ignores_future_keys, causal=True, flavours=("triton",)),
     _contract("contract_long_sequences_in_bf16_match_float64_reference", forward_matches_float64_reference, long=True),
+    _contract("contract_bf16_runs_and_keeps_the_contracts_dtypes", bf16_runs_and_keeps_the_contracts_dtypes),
 )
 LAWS_BY_NAME = by_name(LAWS + CONTRACT_LAWS)
 
