@@ -14,9 +14,15 @@ from hypothesis import strategies as st
 from conformance.profiles import examples
 from impl.zero.param_sync import plan_rounds
 from impl.zero.optimizer import assign_greedy
-from conformance.laws.zero.laws import LAWS, LAWS_BY_NAME, check_law
+from conformance.laws.zero.laws import CONTRACT_LAWS, LAWS, LAWS_BY_NAME, check_law
 
 pytestmark = pytest.mark.distributed
+
+
+@pytest.mark.parametrize("law", CONTRACT_LAWS, ids=lambda law: law.name)
+def test_contract_sharded_optimizer_law(law, target, device):
+    """The course's use of a sharded optimizer only: a wider case can never stop it."""
+    check_law(law, target.spec, device)
 
 
 @pytest.mark.parametrize("law", LAWS, ids=lambda law: law.name)

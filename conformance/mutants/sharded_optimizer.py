@@ -145,7 +145,8 @@ class BrokenOptimizer:
 
 
 SPECS = (
-    BrokenOptimizer("no_sync_after_step", NoSyncAfterStep, "no parameter sync after the step", ("matches_unsharded_bit_for_bit",)),
+    BrokenOptimizer("no_sync_after_step", NoSyncAfterStep, "no parameter sync after the step",
+                    ("matches_unsharded_bit_for_bit", "contract_matches_unsharded_bit_for_bit")),
     BrokenOptimizer("wrong_owner_broadcasts", WrongOwnerBroadcasts, "a non-owner broadcasts each parameter", ("matches_unsharded_bit_for_bit",)),
     BrokenOptimizer("sync_before_step", SyncBeforeStep, "sync runs before the local update", ("matches_unsharded_bit_for_bit",)),
     BrokenOptimizer(

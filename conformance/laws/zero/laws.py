@@ -38,7 +38,7 @@ from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
 from conformance import oracle
-from conformance.lawbook import API, Law, by_name
+from conformance.lawbook import API, CONTRACT, Law, by_name
 from conformance.harness import available_world_sizes, pinned_world_size, run_on_ranks
 from conformance.target import NotOffered, load_target
 from conformance.accounting import optimizer_state_bytes
@@ -653,7 +653,18 @@ LAWS = (
     _law(hyperparameter_edits_reach_every_shard, lambda d: sharding_cases(d, min_world_size=2, extra=_schedule), "schedulers"),
     _law(zero_grad_clears_every_gradient, lambda d: sharding_cases(d, min_world_size=2), "zero_grad"),
 )
-LAWS_BY_NAME = by_name(LAWS)
+# The course's use, and only that: AdamW or SGD with per-group hyperparameters, fp32, world
+# sizes 1..4 (more ranks than parameter tensors included), every parameter with a gradient.
+CONTRACT_LAWS = (
+    Law(
+        "contract_matches_unsharded_bit_for_bit",
+        "sharded optimizer",
+        CONTRACT,
+        lambda d: sharding_cases(d, dtypes=(torch.float32,), missing=(0.0,), optimizers=("AdamW", "SGD")),
+        matches_unsharded_bit_for_bit,
+    ),
+)
+LAWS_BY_NAME = by_name(LAWS + CONTRACT_LAWS)
 
 
 def check_law(law: Law, target_spec: str, device, **settings_overrides) -> None:
