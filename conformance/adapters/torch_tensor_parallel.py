@@ -12,14 +12,14 @@ laws.  The entry points map onto ``torch.distributed.tensor.parallel``:
     vocab_parallel_cross_entropy(local_logits, targets, ...)   F.cross_entropy under loss_parallel()
                                                                on DTensor.from_local(..., Shard(1))
     get_tensor_parallel_block(block, group)                    the dense block with its fused QKV
-                                                               split into q, k, v Linear modules
-                                                               (ColwiseParallel; a fused weight
-                                                               sharded by rows would mix Q, K and V
-                                                               rows), proj / down RowwiseParallel,
+                                                               rows regrouped by rank, then
+                                                               ColwiseParallel (plain row shards of
+                                                               the fused weight would mix Q, K and
+                                                               V rows), proj / down RowwiseParallel,
                                                                up ColwiseParallel, norms replicated
     get_tensor_parallel_gpt(model, group)                      the same blocks; token embedding
                                                                RowwiseParallel, LM head ColwiseParallel
-    tensor_parallel_gather_full_params / _grads                DTensor.full_tensor(), q/k/v fused back
+    tensor_parallel_gather_full_params / _grads                DTensor.full_tensor(), QKV rows put back
 
 The mesh is ``DeviceMesh.from_group(group or the default group)``.  Sequence parallelism
 (``sequence_parallel=True``) is not offered by this adapter.
@@ -75,7 +75,7 @@ class _LossParallel(torch.autograd.Function):
         from torch.distributed.tensor import DTensor, Shard
         from torch.distributed.tensor.parallel import loss_parallel
 
-        leaf = local_logits.detach().reshape(-1, local_logits.shape[-1]).requires_grad_(True)
+        leaf = local_logits.detach().reshape(targets.numel(), local_logits.shape[-1]).requires_grad_(True)
         with torch.enable_grad(), loss_parallel():
             logits = DTensor.from_local(leaf, mesh, [Shard(1)], run_check=False,
                                         shape=torch.Size((leaf.shape[0], vocab_size)), stride=(vocab_size, 1))
@@ -100,24 +100,30 @@ def vocab_parallel_cross_entropy(local_logits, targets, group=None, *, vocab_siz
     return loss.reshape(targets.shape) if reduction == "none" else loss
 
 
-class _SplitQKVAttention(nn.Module):
-    """The dense attention with separate q, k, v projections (so each can be column-sharded)."""
+class _RegroupedQKVAttention(nn.Module):
+    """The dense attention with its fused QKV rows regrouped by rank ([Q_0 K_0 V_0 Q_1 ...],
+    ``impl.tensor_parallel.model.qkv_row_permutation``), so that ColwiseParallel's row
+    shards are whole heads of Q, K and V: one column-parallel layer, one all-reduce of the
+    input gradient (three separate q, k, v layers would all-reduce three times)."""
 
-    def __init__(self, attn):
+    def __init__(self, attn, world_size: int):
+        from impl.tensor_parallel.model import qkv_row_permutation
+
         super().__init__()
         c = attn.proj.in_features
         self.d_head, self.backend = c // attn.n_heads, attn.backend
-        self.q, self.k, self.v = (nn.Linear(c, c, bias=False, device=attn.qkv.weight.device) for _ in range(3))
+        self.register_buffer("row_permutation", qkv_row_permutation(c, world_size).to(attn.qkv.weight.device), persistent=False)
+        self.qkv = nn.Linear(c, 3 * c, bias=False, device=attn.qkv.weight.device)
         with torch.no_grad():
-            for lin, w in zip((self.q, self.k, self.v), attn.qkv.weight.split(c, dim=0)):
-                lin.weight.copy_(w)
+            self.qkv.weight.copy_(attn.qkv.weight[self.row_permutation])
         self.proj = attn.proj
 
     def forward(self, x):
         from impl.models import gpt
 
         b, n, _ = x.shape
-        q, k, v = (lin(x) for lin in (self.q, self.k, self.v))  # (B, N, C / W): this rank's heads
+        qkv = self.qkv(x)  # (B, N, 3 C / W): Q, K and V of this rank's heads
+        q, k, v = qkv.split(qkv.shape[-1] // 3, dim=-1)
         q, k, v = (t.view(b, n, -1, self.d_head).transpose(1, 2) for t in (q, k, v))
         y = gpt.attention(q, k, v, self.backend)
         return self.proj(y.transpose(1, 2).reshape(b, n, -1))
@@ -126,8 +132,7 @@ class _SplitQKVAttention(nn.Module):
 def _block_plan():
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    return {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-            "attn.proj": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+    return {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
 
 
 def get_tensor_parallel_block(block, group=None, sequence_parallel=False):
@@ -135,8 +140,9 @@ def get_tensor_parallel_block(block, group=None, sequence_parallel=False):
 
     if sequence_parallel:
         raise NotImplementedError("the torch adapter does not offer sequence parallelism")
-    block.attn = _SplitQKVAttention(block.attn)
-    return parallelize_module(block, _mesh(group, _device(block)), _block_plan())
+    mesh = _mesh(group, _device(block))
+    block.attn = _RegroupedQKVAttention(block.attn, mesh.size())
+    return parallelize_module(block, mesh, _block_plan())
 
 
 def get_tensor_parallel_gpt(model, group=None, sequence_parallel=False):
@@ -146,23 +152,24 @@ def get_tensor_parallel_gpt(model, group=None, sequence_parallel=False):
     if sequence_parallel:
         raise NotImplementedError("the torch adapter does not offer sequence parallelism")
     plan = {"tok": RowwiseParallel(input_layouts=Replicate()), "head": ColwiseParallel(output_layouts=Shard(-1))}
+    mesh = _mesh(group, _device(model))
     for i, block in enumerate(model.blocks):
-        block.attn = _SplitQKVAttention(block.attn)
+        block.attn = _RegroupedQKVAttention(block.attn, mesh.size())
         plan.update({f"blocks.{i}.{k}": v for k, v in _block_plan().items()})
-    return parallelize_module(model, _mesh(group, _device(model)), plan)
+    return parallelize_module(model, mesh, plan)
 
 
 def _dense(module, tensors: dict) -> dict:
+    """Regrouped fused QKV weights back in dense row order."""
     out = {}
     for name, t in tensors.items():
-        if name.endswith("attn.q.weight"):
-            prefix = name[: -len("q.weight")]
-            parts = [tensors[prefix + p + ".weight"] for p in "qkv"]
-            out[prefix + "qkv.weight"] = None if any(p is None for p in parts) else torch.cat(parts, dim=0)
-        elif name.endswith(("attn.k.weight", "attn.v.weight")):
-            continue
-        else:
-            out[name] = t
+        owner = module.get_submodule(name.rsplit(".", 2)[0]) if name.endswith("qkv.weight") and "." in name[: -len("qkv.weight")] else (module if name == "qkv.weight" else None)
+        perm = getattr(owner, "row_permutation", None) if owner is not None else None
+        if perm is not None and t is not None:
+            dense = torch.empty_like(t)
+            dense[perm.to(t.device)] = t
+            t = dense
+        out[name] = t
     return out
 
 

@@ -9,6 +9,8 @@ the parameter gradients from ``tensor_parallel_gather_full_grads``.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -116,9 +118,10 @@ def mlp_collectives_on_rank(ctx, spec, case):
     t = load_target(spec)
     blk = build.block(case).to(ctx.device)
     x, dy = (a.to(ctx.device) for a in build.block_inputs(case))
-    up = t.call("get_column_parallel_linear", blk.mlp.up, None)
-    down = t.call("get_row_parallel_linear", blk.mlp.down, None)
-    tp_block = t.call("get_tensor_parallel_block", blk, None)
+    # each factory gets its own copy: a factory may shard the module it is given in place
+    up = t.call("get_column_parallel_linear", copy.deepcopy(blk.mlp.up), None)
+    down = t.call("get_row_parallel_linear", copy.deepcopy(blk.mlp.down), None)
+    tp_block = t.call("get_tensor_parallel_block", copy.deepcopy(blk), None)
     out = {}
     for name, fn in (("mlp", lambda v: down(F.gelu(up(v)))), ("block", tp_block)):
         xi = x.clone().requires_grad_(True)
