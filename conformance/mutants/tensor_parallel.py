@@ -19,7 +19,7 @@ import impl
 from conformance.lawbook import Mutant
 from impl.tensor_parallel import comm
 from impl.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from impl.tensor_parallel.model import TensorParallelAttention, TensorParallelBlock, TensorParallelMLP, TensorParallelRMSNorm
+from impl.tensor_parallel.model import TensorParallelAttention, TensorParallelBlock, TensorParallelGPT, TensorParallelMLP, TensorParallelRMSNorm
 
 CAPABILITY = "tensor parallelism"
 ENTRY_POINTS = (
@@ -102,6 +102,21 @@ class NormGradNotReduced(TensorParallelRMSNorm):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
+class SequenceParallelByAllReduce(TensorParallelBlock):
+    """Sequence parallelism done the slow way: gather the whole sequence, run the block
+    with its all-reduces, keep this rank's tokens (right numbers, wrong collectives)."""
+
+    def __init__(self, block, group=None, sequence_parallel=False):
+        super().__init__(block, group, sequence_parallel=False)
+        self.gather_tokens = sequence_parallel
+
+    def forward(self, x):
+        if not self.gather_tokens:
+            return super().forward(x)
+        full = comm.gather_from_sp_region(x, self.tp_group)
+        return comm.scatter_to_sp_region(super().forward(full), self.tp_group)
+
+
 def _block_with(attn_cls=TensorParallelAttention, mlp_cls=TensorParallelMLP, norm_cls=TensorParallelRMSNorm):
     def get_tensor_parallel_block(block, group=None, sequence_parallel=False):
         tp = TensorParallelBlock(block, group, sequence_parallel)
@@ -112,6 +127,21 @@ def _block_with(attn_cls=TensorParallelAttention, mlp_cls=TensorParallelMLP, nor
         return tp
 
     return get_tensor_parallel_block
+
+
+def _gpt_with(**block_parts):
+    """impl's tensor-parallel GPT whose blocks (and final norm) come from ``_block_with``."""
+    make_block = _block_with(**block_parts)
+    norm_cls = block_parts.get("norm_cls", TensorParallelRMSNorm)
+
+    def get_tensor_parallel_gpt(model, group=None, sequence_parallel=False):
+        tp = TensorParallelGPT(model, group, sequence_parallel)
+        for i, block in enumerate(model.blocks):
+            tp.blocks[i] = make_block(block, group, sequence_parallel)
+        tp.ln_f = norm_cls(model.ln_f, group, sequence_parallel)
+        return tp
+
+    return get_tensor_parallel_gpt
 
 
 # --- cross-entropy ---------------------------------------------------------------------------------
@@ -163,14 +193,19 @@ _BLOCK = "tensor_parallel_block_matches_the_dense_block"
 _GPT = "tensor_parallel_gpt_matches_the_dense_model_over_optimizer_steps"
 _COUNT = "mlp_does_one_all_reduce_forward_and_one_backward"
 _SP = "sequence_parallel_block_matches_the_dense_block"
+_SP_COUNT = "sequence_parallel_block_all_gathers_and_reduce_scatters_instead_of_all_reducing"
+_SP_GPT = "sequence_parallel_gpt_matches_the_dense_model_over_optimizer_steps"
 
 bias_added_w_times = MutantTarget("bias_added_w_times", get_row_parallel_linear=lambda linear, group=None, input_is_parallel=True: BiasOnEveryRank(linear, group, input_is_parallel))
 bias_grad_divided_by_w = MutantTarget("bias_grad_divided_by_w", get_row_parallel_linear=lambda linear, group=None, input_is_parallel=True: BiasGradDividedByW(linear, group, input_is_parallel))
 boundary_id_dropped = MutantTarget("boundary_id_dropped", get_vocab_parallel_embedding=lambda embedding, group=None: BoundaryIdDropped(embedding, group))
 input_grad_not_all_reduced = MutantTarget("input_grad_not_all_reduced", get_column_parallel_linear=lambda linear, group=None, gather_output=False: InputGradNotReduced(linear, group, gather_output))
-qkv_rows_not_regrouped = MutantTarget("qkv_rows_not_regrouped", get_tensor_parallel_block=_block_with(attn_cls=UngroupedQKVAttention))
+qkv_rows_not_regrouped = MutantTarget("qkv_rows_not_regrouped", get_tensor_parallel_block=_block_with(attn_cls=UngroupedQKVAttention),
+                                      get_tensor_parallel_gpt=_gpt_with(attn_cls=UngroupedQKVAttention))
 hidden_gathered_and_split_again = MutantTarget("hidden_gathered_and_split_again", get_tensor_parallel_block=_block_with(mlp_cls=GatheredHiddenMLP))
-sp_norm_grad_not_all_reduced = MutantTarget("sp_norm_grad_not_all_reduced", get_tensor_parallel_block=_block_with(norm_cls=NormGradNotReduced))
+sp_norm_grad_not_all_reduced = MutantTarget("sp_norm_grad_not_all_reduced", get_tensor_parallel_block=_block_with(norm_cls=NormGradNotReduced),
+                                            get_tensor_parallel_gpt=_gpt_with(norm_cls=NormGradNotReduced))
+sp_by_all_reduce = MutantTarget("sp_by_all_reduce", get_tensor_parallel_block=SequenceParallelByAllReduce)
 ce_local_max = MutantTarget("ce_local_max", vocab_parallel_cross_entropy=_ce_with(global_max=False))
 ce_no_max = MutantTarget("ce_no_max", vocab_parallel_cross_entropy=_ce_with(subtract_max=False))
 ce_mean_over_owned_labels = MutantTarget("ce_mean_over_owned_labels", vocab_parallel_cross_entropy=_ce_with(count="owned"))
@@ -187,9 +222,10 @@ MUTANTS = (
     _m("bias_grad_divided_by_w", "row-parallel bias gradient divided by W", [_ROW]),
     _m("boundary_id_dropped", "vocab-parallel embedding drops the first id of each shard (<= instead of <)", [_EMB]),
     _m("input_grad_not_all_reduced", "column-parallel linear: identity instead of all-reduce for the input gradient", [_COL]),
-    _m("qkv_rows_not_regrouped", "fused QKV split by contiguous rows: ranks get mixed Q/K/V rows", [_BLOCK]),
+    _m("qkv_rows_not_regrouped", "fused QKV split by contiguous rows: ranks get mixed Q/K/V rows", [_BLOCK, _GPT]),
     _m("hidden_gathered_and_split_again", "block MLP gathers the hidden activations and splits them again (right numbers, extra collectives)", [_COUNT]),
-    _m("sp_norm_grad_not_all_reduced", "sequence parallelism: norm weight gradients left partial (not all-reduced)", [_SP]),
+    _m("sp_norm_grad_not_all_reduced", "sequence parallelism: norm weight gradients left partial (not all-reduced)", [_SP, _SP_GPT]),
+    _m("sp_by_all_reduce", "sequence parallelism by gathering the whole sequence and all-reducing (right numbers, wrong collectives)", [_SP_COUNT]),
     _m("ce_local_max", "cross-entropy subtracts each rank's local max (not all-reduced)", [_CE]),
     _m("ce_no_max", "cross-entropy exponentiates without subtracting the max", [_SHIFT, _HUGE]),
     _m("ce_mean_over_owned_labels", "cross-entropy mean divides by the labels in the rank's own shard", [_CE]),
