@@ -75,8 +75,6 @@ def pytest_runtest_protocol(item, nextitem):
     if directory:
         with open(os.path.join(directory, f"{wid}.running"), "w") as fh:
             fh.write(item.nodeid)
-    main = threading.main_thread()
-
     def expire():
         # Write what ran and where every thread stood, then leave: the controller reports it.
         if directory:
@@ -95,7 +93,6 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
     finally:
         timer.cancel()
-        del main
 
 
 def _read(path: str) -> str:

@@ -282,10 +282,13 @@ def bf16_runs_and_keeps_the_contracts_dtypes(attn, case: AttentionCase, device):
             raise AssertionError(f"{key} for bf16 inputs: got {got}, expected bf16 of shape {tuple(t.shape)}")
 
 
+LONG_SEQUENCES = "sequences in the thousands"  # a law's need: seconds an example, none under the interpreter
+
+
 def _contract(name, check, long=False, causal=None, flavours=()):
     # Only the course's shapes, dtypes and flags (strategies.contract_cases); no extra examples.
     return Law(name, "attention", CONTRACT, lambda b, c, fl: contract_cases(b, fl, long=long, causal=causal), check,
-               flavours=flavours)
+               flavours=flavours, needs=(LONG_SEQUENCES,) if long else ())
 
 
 CONTRACT_LAWS = (
@@ -309,7 +312,7 @@ def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> Non
     the boundary cases first (causal, one row past a tile multiple) in every profile."""
     budget = budget_for(flavour, torch.device(device))
     if law.tier == CONTRACT:
-        long = "long" in law.name
+        long = LONG_SEQUENCES in law.needs
         if not contract_lengths(budget, flavour, long):
             raise NeedsHardware("needs a GPU: sequences in the thousands are too slow for the Triton interpreter")
         strategy = law.cases(budget, False, flavour)
