@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import torch
 
 from conformance.lawbook import Mutant
+from impl.attention.validation import validate_attention_inputs
 
 TILE = 16
 
@@ -97,6 +98,12 @@ def buggy_flash(bugs: frozenset):
     class BuggyFlash(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, is_causal=False, scale=None):
+            try:
+                validate_attention_inputs(q, k, v, is_causal, scale, dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64), max_head_dim=256)
+            except (TypeError, ValueError) as exc:
+                if "vague_input_errors" in bugs:
+                    raise type(exc)("invalid input") from None
+                raise
             o, lse, used_scale = _forward(q, k, v, bool(is_causal), scale, bugs)
             if "saves_flattened_lse" in bugs:
                 lse = lse.reshape(-1, lse.shape[-1]) if lse.dim() > 2 else lse.reshape(-1)
@@ -159,6 +166,8 @@ SPECS = (
            ("contract_bf16_runs_and_keeps_the_contracts_dtypes",)),
     BuggyFlashSpec("nondeterministic", "forward adds 1-ulp noise on some calls (e.g. an unordered atomic reduction)",
            ("forward_is_bitwise_deterministic",)),
+    BuggyFlashSpec("vague_input_errors", "bad input raises ValueError('invalid input'): the message names neither the problem nor the values",
+           ("spec:bad_input_errors",)),
     BuggyFlashSpec("saves_flattened_lse", "L saved as (B*H, N) instead of q.shape[:-1], breaking the CS336 contract",
            ("spec:saves_one_logsumexp_of_query_shape",)),
 )

@@ -28,6 +28,7 @@ Each check is ``check(attn, device)`` and raises AssertionError on a violation.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -145,32 +146,45 @@ def explicit_softmax_scale(attn, device):
     gradients_match_float64_reference(attn, case, device)
 
 
-def _expect_error(what, exc_types, keywords, fn):
+def _names_the_problem(msg: str, words, values) -> bool:
+    """A message names the problem if it names the quantity (one of ``words``) or quotes the
+    offending values (every one of ``values`` as a number): "k and v must have the same
+    shape" and "got lengths 8 and 9" both do; "invalid input" does not."""
+    msg = msg.lower()
+    if any(word in msg for word in words):
+        return True
+    return bool(values) and all(re.search(rf"(?<![\d.]){v}(?![\d.])", msg) for v in values)
+
+
+def _expect_error(what, exc_types, words, fn, values=()):
     try:
         fn()
     except exc_types as exc:
-        msg = str(exc).lower()
-        if not any(word in msg for word in keywords):
-            raise AssertionError(f"{what}: raised {type(exc).__name__}({exc!s}) but the message names none of {keywords}")
+        if not _names_the_problem(str(exc), words, values):
+            quoted = f" nor quotes {list(values)}" if values else ""
+            raise AssertionError(f"{what}: raised {type(exc).__name__}({exc!s}) but the message names none of {list(words)}{quoted}")
         return
     except Exception as exc:  # noqa: BLE001 - a crash deep in a kernel is the failure we report
         raise AssertionError(f"{what}: expected {exc_types}, got {type(exc).__name__}: {exc}") from exc
     raise AssertionError(f"{what}: no error raised")
 
 
+SHAPE_WORDS = ("shape", "size")
+
+
 def bad_input_errors(attn, device):
     """Bad input raises ValueError/TypeError naming the problem, before any kernel runs."""
     t = lambda *shape, dtype=torch.float32: torch.randn(*shape, dtype=dtype, device=device)  # noqa: E731
     cases = [
-        ("mismatched head dims", lambda: attn.apply(t(2, 8, 16), t(2, 8, 32), t(2, 8, 32)), ["head dim"]),
-        ("mismatched batch dims", lambda: attn.apply(t(2, 8, 16), t(3, 8, 16), t(3, 8, 16)), ["batch"]),
-        ("K/V length mismatch", lambda: attn.apply(t(2, 8, 16), t(2, 8, 16), t(2, 9, 16)), ["length", "k/v"]),
-        ("unsupported dtype int32", lambda: attn.apply(*(torch.ones(2, 8, 16, dtype=torch.int32, device=device),) * 3), ["dtype"]),
-        ("unsupported head dim 512", lambda: attn.apply(t(1, 4, 512), t(1, 4, 512), t(1, 4, 512)), ["head dim"]),
-        ("mixed dtypes", lambda: attn.apply(t(2, 8, 16), t(2, 8, 16, dtype=torch.float16), t(2, 8, 16)), ["dtype"]),
+        ("mismatched head dims", lambda: attn.apply(t(2, 8, 16), t(2, 8, 32), t(2, 8, 32)), ("head dim", "dim") + SHAPE_WORDS, (16, 32)),
+        ("mismatched batch dims", lambda: attn.apply(t(2, 8, 16), t(3, 8, 16), t(3, 8, 16)), ("batch",) + SHAPE_WORDS, (2, 3)),
+        ("K/V length mismatch", lambda: attn.apply(t(2, 8, 16), t(2, 8, 16), t(2, 9, 16)), ("length", "k/v", "seq") + SHAPE_WORDS, (8, 9)),
+        ("unsupported dtype int32", lambda: attn.apply(*(torch.ones(2, 8, 16, dtype=torch.int32, device=device),) * 3), ("dtype", "int32", "float"), ()),
+        ("unsupported head dim 512", lambda: attn.apply(t(1, 4, 512), t(1, 4, 512), t(1, 4, 512)), ("head dim", "head size"), (512,)),
+        ("mixed dtypes", lambda: attn.apply(t(2, 8, 16), t(2, 8, 16, dtype=torch.float16), t(2, 8, 16)), ("dtype", "float16", "half"), ()),
     ]
-    for what, fn, words in cases:
-        _expect_error(what, (ValueError, TypeError), words, fn)
+    for what, fn, words, values in cases:
+        _expect_error(what, (ValueError, TypeError), words, fn, values)
 
 
 def different_devices_error(attn, device):
@@ -178,7 +192,7 @@ def different_devices_error(attn, device):
         raise NeedsHardware("needs a GPU: tensors on two devices")
     q = torch.randn(2, 8, 16, device="cuda")
     k = torch.randn(2, 8, 16)
-    _expect_error("tensors on different devices", (ValueError, TypeError), ["device"], lambda: attn.apply(q, k, k.clone()))
+    _expect_error("tensors on different devices", (ValueError, TypeError), ("device", "cuda", "cpu"), lambda: attn.apply(q, k, k.clone()))
 
 
 def cpu_tensor_to_triton_without_interpreter(target_spec: str):

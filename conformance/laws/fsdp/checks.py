@@ -13,6 +13,7 @@ from conformance import oracle
 from . import model as models
 from .strategies import FSDPCase, optimizer_state_bytes_per_element
 
+SUITE_SOURCE = models.SUITE_BLOCKS.source
 SLACK_BYTES = 256  # scalars: an optimizer's step counters and the like
 
 
@@ -66,8 +67,24 @@ def _unique_matrices(case: FSDPCase):
     return base, trainable, frozen, replicated
 
 
+def check_something_sharded(case: FSDPCase, results: list[dict]) -> None:
+    """Name a wrapper that sharded nothing as such, before any bound it then breaks."""
+    if shard_size(case) == 1:
+        return
+    _, trainable, _, _ = _unique_matrices(case)
+    full = sum(p.numel() for p in trainable)
+    for s in range(case.steps):
+        held = [res["steps"][s]["local_shard"].numel() for res in results]
+        if full and min(held) >= full:
+            raise AssertionError(
+                f"step {s}: no Linear/Embedding weight was sharded: every rank holds all {full} of their elements "
+                f"at W={case.world_size} (the model was built from {results[0].get('blocks', SUITE_SOURCE)}; does the FSDP wrap them?)"
+            )
+
+
 def check_shard_algebra(case: FSDPCase, results: list[dict], ref32: list[dict]) -> None:
     """Every rank holds at most its share; the shards of all ranks are the full parameters."""
+    check_something_sharded(case, results)
     S, W = shard_size(case), case.world_size
     base, trainable, _, _ = _unique_matrices(case)
     share = sum(math.ceil(p.shape[0] / S) * (p.numel() // p.shape[0]) for p in trainable)
@@ -134,6 +151,7 @@ def check_replicated(case: FSDPCase, results: list[dict]) -> None:
 
 def check_memory(case: FSDPCase, results: list[dict], after_forward: bool = False) -> None:
     """At rest no full parameter is held; bytes at most total / S plus the largest parameter."""
+    check_something_sharded(case, results)
     S = shard_size(case)
     _, trainable, frozen, replicated = _unique_matrices(case)
     K = optimizer_state_bytes_per_element(case)

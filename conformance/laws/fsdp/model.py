@@ -1,5 +1,12 @@
 """Random FSDP models: CS336's building blocks (bias-free Linear, Embedding, RMSNorm).
 
+An FSDP written for the course may shard only instances of its own
+``cs336_basics.model.Linear`` / ``Embedding`` (what CS336's toy FSDP model is made of).
+So a model is built from the target's ``cs336_basics.model`` classes when the target's
+environment has them with the course's signatures (``course_blocks``), and from the
+suite's twins below otherwise; the weights are the same either way (drawn with the
+suite's classes, then copied), so every rank and the reference start from the same bits.
+
 A model is ``Embedding(vocab, d0) -> [RMSNorm(d_i) -> Linear(d_i, d_{i+1}) -> relu]* ->
 RMSNorm -> head Linear(d_last, vocab)``; the loss is cross-entropy of the last position's
 logits in fp32, as in CS336's FSDP test.  Options: the head tied to the embedding
@@ -9,7 +16,9 @@ of the spec and its seed, so every rank and the reference build the same model.
 
 from __future__ import annotations
 
+import importlib
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -49,15 +58,16 @@ class RMSNorm(nn.Module):
 
 
 class RandomModel(nn.Module):
-    def __init__(self, vocab: int, widths: tuple[int, ...], *, norms: bool, tied: bool, frozen: int | None):
+    def __init__(self, vocab: int, widths: tuple[int, ...], *, norms: bool, tied: bool, frozen: int | None, blocks: "Blocks | None" = None):
         super().__init__()
         if tied and widths[-1] != widths[0]:
             raise ValueError("a tied head needs d_last == d0")
-        self.embedding = Embedding(vocab, widths[0])
-        self.norms = nn.ModuleList([RMSNorm(d) for d in widths[:-1]]) if norms else None
-        self.layers = nn.ModuleList([Linear(a, b) for a, b in zip(widths, widths[1:])])
-        self.final_norm = RMSNorm(widths[-1]) if norms else None
-        self.head = Linear(widths[-1], vocab)
+        lin, emb, norm = (blocks.linear, blocks.embedding, blocks.rmsnorm) if blocks else (Linear, Embedding, RMSNorm)
+        self.embedding = emb(vocab, widths[0])
+        self.norms = nn.ModuleList([norm(d) for d in widths[:-1]]) if norms else None
+        self.layers = nn.ModuleList([lin(a, b) for a, b in zip(widths, widths[1:])])
+        self.final_norm = norm(widths[-1]) if norms else None
+        self.head = lin(widths[-1], vocab)
         if tied:
             self.head.weight = self.embedding.weight
         if frozen is not None:
@@ -74,12 +84,52 @@ class RandomModel(nn.Module):
         return self.head(x)
 
 
-MATRIX_CLASSES = (Linear, Embedding)
+@dataclass(frozen=True)
+class Blocks:
+    """The classes a model is built from, and where they come from."""
+
+    linear: type
+    embedding: type
+    rmsnorm: type
+    source: str
+
+    @property
+    def matrices(self) -> tuple[type, type]:
+        return (self.linear, self.embedding)
 
 
-def build(spec, device="cpu", dtype=torch.float32) -> RandomModel:
+SUITE_BLOCKS = Blocks(Linear, Embedding, RMSNorm, "the suite's Linear/Embedding/RMSNorm")
+MATRIX_CLASSES = SUITE_BLOCKS.matrices
+COURSE_MODULE = "cs336_basics.model"
+
+
+def course_blocks() -> Blocks | None:
+    """The target's ``cs336_basics.model`` classes, if importable with the course's
+    signatures (``Linear(d_in, d_out)``, ``Embedding(vocab, d)``, ``RMSNorm(d)``, each
+    holding ``weight``); None otherwise."""
+    try:
+        mod = importlib.import_module(COURSE_MODULE)
+        blocks = Blocks(mod.Linear, mod.Embedding, mod.RMSNorm, f"the target's {COURSE_MODULE}")
+        with torch.random.fork_rng(devices=[]):
+            ok = (
+                tuple(blocks.linear(3, 2).weight.shape) == (2, 3)
+                and tuple(blocks.embedding(5, 3).weight.shape) == (5, 3)
+                and tuple(blocks.rmsnorm(3).weight.shape) == (3,)
+            )
+    except Exception:  # absent or different: the suite's classes stand in
+        return None
+    return blocks if ok else None
+
+
+def build(spec, device="cpu", dtype=torch.float32, blocks: Blocks = SUITE_BLOCKS) -> RandomModel:
     torch.manual_seed(spec.seed)
     model = RandomModel(spec.vocab, spec.widths, norms=spec.norms, tied=spec.tied, frozen=spec.frozen)
+    if blocks is not SUITE_BLOCKS:
+        drawn = model
+        model = RandomModel(spec.vocab, spec.widths, norms=spec.norms, tied=spec.tied, frozen=spec.frozen, blocks=blocks)
+        with torch.no_grad():
+            for p, q in zip(drawn.parameters(), model.parameters()):
+                q.copy_(p)
     return model.to(device=device, dtype=dtype)
 
 
@@ -100,10 +150,10 @@ def rank_slice(spec, rank: int):
     return slice(rank * spec.batch_per_rank, (rank + 1) * spec.batch_per_rank)
 
 
-def matrix_names(model: nn.Module) -> set[str]:
+def matrix_names(model: nn.Module, blocks: Blocks = SUITE_BLOCKS) -> set[str]:
     """Names (every alias) of the Linear/Embedding weights: the parameters FSDP shards."""
     out = set()
     for mname, mod in model.named_modules(remove_duplicate=False):
-        if isinstance(mod, MATRIX_CLASSES):
+        if isinstance(mod, blocks.matrices):
             out.add(f"{mname}.weight" if mname else "weight")
     return out

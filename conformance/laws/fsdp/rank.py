@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from conformance.target import load_target
 
-from . import memory, model as models, spy
+from . import memory, model as models, reference, spy
 from .strategies import FSDPCase, make_optimizer
 
 
@@ -19,10 +19,10 @@ def _wrap(target, case: FSDPCase, module):
     return target.call("get_fsdp_strategy", module, case.strategy, compute_dtype=case.compute_dtype)
 
 
-def _owner_is_matrix(fsdp_model, name: str) -> bool:
+def _owner_is_matrix(fsdp_model, name: str, blocks: models.Blocks) -> bool:
     parts = name.rsplit(".", 1)
     mod = fsdp_model.module.get_submodule(parts[0]) if len(parts) == 2 else fsdp_model.module
-    return isinstance(mod, models.MATRIX_CLASSES)
+    return isinstance(mod, blocks.matrices)
 
 
 def _attr_holds_full(module, name: str, numel: int) -> bool:
@@ -45,8 +45,13 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
     spy.SPY.reset(case.delay_s if ctx.rank == case.delay_rank else 0.0)
     target = load_target(target_spec)
     device = ctx.device
-    base = models.build(case, device)
-    matrices = models.matrix_names(base)
+    blocks = models.course_blocks() or models.SUITE_BLOCKS
+    out = {"steps": [], "rank": ctx.rank, "blocks": blocks.source}
+    if blocks is not models.SUITE_BLOCKS and ctx.rank == 0:
+        # the reference must run the same classes; before the target's FSDP touches anything
+        out["reference"] = (reference.trajectory(case, torch.float32, blocks=blocks), reference.trajectory(case, torch.float64, casts=False, blocks=blocks))
+    base = models.build(case, device, blocks=blocks)
+    matrices = models.matrix_names(base, blocks)
     numels = {n: p.numel() for n, p in base.named_parameters(remove_duplicate=False)}
     tied_names = {n for n, p in base.named_parameters(remove_duplicate=False) if p is base.embedding.weight} if case.tied else set()
     spy.SPY.phase = "wrap"
@@ -55,7 +60,6 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
     gather = target.factory("fsdp_gather_full_params")
     no_sync = target.factory("fsdp_no_sync") if case.micro > 1 else None
     optimizer = make_optimizer(case, fsdp_model.parameters())
-    out = {"steps": [], "rank": ctx.rank}
     for step in range(case.steps):
         rec = {}
         optimizer.zero_grad(set_to_none=True)
@@ -90,9 +94,9 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
                 if p.requires_grad
             ]
             rec["replicated_grads"] = {
-                n: p.grad.detach().clone() for n, p in fsdp_model.module.named_parameters() if p.requires_grad and p.grad is not None and not _owner_is_matrix(fsdp_model, n)
+                n: p.grad.detach().clone() for n, p in fsdp_model.module.named_parameters() if p.requires_grad and p.grad is not None and not _owner_is_matrix(fsdp_model, n, blocks)
             }
-            replicated_ids = {id(p) for n, p in fsdp_model.module.named_parameters() if not _owner_is_matrix(fsdp_model, n)}
+            replicated_ids = {id(p) for n, p in fsdp_model.module.named_parameters() if not _owner_is_matrix(fsdp_model, n, blocks)}
             shards = [memory._local(p.detach()).reshape(-1) for p in fsdp_model.parameters() if p.requires_grad and id(p) not in replicated_ids]
             rec["local_shard"] = torch.cat(shards).float() if shards else torch.zeros(0)
         optimizer.step()

@@ -18,10 +18,10 @@ from . import model as models
 from .strategies import FSDPCase, make_optimizer
 
 
-def trajectory(case: FSDPCase, dtype=torch.float32, casts: bool = True) -> list[dict[str, torch.Tensor]]:
+def trajectory(case: FSDPCase, dtype=torch.float32, casts: bool = True, blocks: models.Blocks = models.SUITE_BLOCKS) -> list[dict[str, torch.Tensor]]:
     """Parameters by name (every alias) before the first step and after every step."""
-    model = models.build(case, "cpu", dtype)
-    matrices = models.matrix_names(model)
+    model = models.build(case, "cpu", dtype, blocks)
+    matrices = models.matrix_names(model, blocks)
     optimizer = make_optimizer(case, model.parameters())
     cast = case.compute_dtype if (casts and dtype == torch.float32) else None
     named = dict(model.named_parameters())  # unique names; functional_call ties the aliases
