@@ -54,7 +54,7 @@ from hypothesis import settings  # noqa: E402
 
 from conformance import profiles  # noqa: E402,F401  (registers the profiles)
 from conformance.target import load_target  # noqa: E402
-from conformance.capabilities import is_self_check  # noqa: E402
+from conformance.capabilities import capability_of_nodeid, is_self_check  # noqa: E402
 from conformance.verdicts import NotOffered, classify  # noqa: E402
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
@@ -118,6 +118,11 @@ def target(request):
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
     """A verdict (not offered, needs hardware, an environment refusal) is a skip with its reason."""
+    if "target" in pyfuncitem.fixturenames and not is_self_check(pyfuncitem.nodeid):
+        # a capability the target does not offer is told so here, without starting rank pools
+        reason = pyfuncitem.funcargs["target"].not_offered_reason(capability_of_nodeid(pyfuncitem.nodeid))
+        if reason:
+            pytest.skip(NotOffered(reason).reason)
     try:
         return (yield)
     except Exception as exc:

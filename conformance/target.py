@@ -165,6 +165,43 @@ class Target:
     def offered(self) -> dict[str, bool]:
         return {name: self.has(name) for name in ALL_FACTORY_NAMES}
 
+    def not_offered_reason(self, capability: str) -> str | None:
+        """Why the capability is not offered, if that shows without calling anything: its entry
+        point (the first of ``CAPABILITY_FACTORIES``) is absent, or is the course's stub whose
+        body only raises NotImplementedError.  Checked in the test's own process, before a
+        distributed check starts rank processes to find the same thing."""
+        names = CAPABILITY_FACTORIES.get(capability)
+        if not names:
+            return None
+        entry = names[0]
+        fn = getattr(self.obj, entry, None)
+        if not callable(fn):
+            return f"target {self.name!r} has no {entry}()"
+        if _only_raises_not_implemented(fn):
+            return f"target {self.name!r}: {entry}() raised NotImplementedError (its body is that raise alone)"
+        return None
+
+
+def _only_raises_not_implemented(fn) -> bool:
+    """Is ``fn`` a stub: a docstring at most, then ``raise NotImplementedError[(...)]``?"""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return False
+    if not tree.body or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    body = tree.body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        body = body[1:]
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
 
 def _import_file(path: Path):
     """Import a Python file as a module.

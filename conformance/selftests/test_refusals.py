@@ -191,3 +191,36 @@ def test_the_environment_refusing_the_targets_code_is_not_run_here(message, word
     assert isinstance(verdict, EnvironmentRefusal) and words in verdict.reason
     assert verdict.reason.startswith("not run here")
     assert classify(RuntimeError("0 passed checks, a wrong answer")) is None
+
+
+# --- not offered, seen without calling the target ------------------------------------------
+
+_STUBS = '''
+def get_fsdp(module, compute_dtype=None):
+    """Returns: an FSDP-wrapped module."""
+    raise NotImplementedError
+
+
+def get_ddp(module):
+    raise NotImplementedError("not done yet")
+
+
+def get_pipeline_schedule(stages, n_micro):
+    if n_micro < 1:
+        raise NotImplementedError
+    return None
+'''
+
+
+def test_an_absent_or_stub_entry_point_is_not_offered_before_any_rank_starts(tmp_path):
+    from conformance.target import load_target
+
+    path = tmp_path / "adapters.py"
+    path.write_text(_STUBS)
+    target = load_target(str(path))
+    assert "get_fsdp() raised NotImplementedError" in target.not_offered_reason("FSDP")
+    assert "get_ddp() raised NotImplementedError" in target.not_offered_reason("DDP ddp2026")
+    assert target.not_offered_reason("pipeline parallel") is None  # a body that does more is called, not guessed
+    assert "has no get_column_parallel_linear()" in target.not_offered_reason("tensor parallel")
+    assert target.not_offered_reason("attention pytorch").endswith("has no get_flashattention_autograd_function_pytorch()")
+    assert load_target("impl").not_offered_reason("FSDP") is None
