@@ -171,6 +171,16 @@ MODULES: dict[str, Callable[[Check], str]] = {
         ),
     ),
     "conformance.spec.test_pipeline": fixed("pipeline parallel"),
+    "properties.test_checkpointing": fixed("activation checkpointing"),
+    "conformance.spec.test_checkpointing": fixed("activation checkpointing"),
+    "properties.test_ring_collectives": fixed("ring collectives"),
+    "conformance.spec.test_ring_collectives": fixed("ring collectives"),
+    "properties.test_grad_scaler": fixed("gradient scaler"),
+    "conformance.spec.test_grad_scaler": fixed("gradient scaler"),
+    "properties.test_sampler": fixed("distributed sampler"),
+    "conformance.spec.test_sampler": fixed("distributed sampler"),
+    # facts about torch and impl's model in low precision (no target offers them)
+    "properties.test_precision_facts": fixed(SELF),
 }
 
 # Which test modules check each capability of the protocol (conformance.target.CAPABILITY_FACTORIES):
@@ -186,6 +196,10 @@ FAMILY_MODULES = {
     "context parallel": ("conformance.spec.test_context_parallel", "properties.test_context_parallel"),
     "tensor parallel": ("conformance.spec.test_tensor_parallel", "properties.test_tensor_parallel"),
     "pipeline parallel": ("conformance.spec.test_pipeline", "properties.test_pipeline"),
+    "activation checkpointing": ("conformance.spec.test_checkpointing", "properties.test_checkpointing"),
+    "ring collectives": ("conformance.spec.test_ring_collectives", "properties.test_ring_collectives"),
+    "gradient scaler": ("conformance.spec.test_grad_scaler", "properties.test_grad_scaler"),
+    "distributed sampler": ("conformance.spec.test_sampler", "properties.test_sampler"),
 }
 
 

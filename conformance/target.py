@@ -102,6 +102,10 @@ CAPABILITY_FACTORIES = {
     "pipeline parallel": ("get_pipeline_schedule", "pipeline_train_step"),
     "context parallel": ("get_ring_attention_autograd_function", "merge_attention_partials", "context_parallel_shard",
                          "context_parallel_unshard", "context_parallel_positions"),
+    "activation checkpointing": ("get_checkpointed_blocks",),
+    "ring collectives": ("ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "ring_all_reduce_alternate"),
+    "gradient scaler": ("get_distributed_grad_scaler", "first_nonfinite_gradient"),
+    "distributed sampler": ("get_distributed_sampler",),
 }
 
 ALL_FACTORY_NAMES = (

@@ -1,5 +1,10 @@
 """Single-process references: the dense module run in float64 (the reference) and in the
-tested dtype (the eager result the oracle scales its bound by), from the same inputs."""
+tested dtype (the eager result the oracle scales its bound by), from the same inputs.
+
+The eager run is on the ranks' device (the oracle's yardstick is the straightforward
+computation on the same device: a GPU's fp32 kernels round differently from the CPU's);
+the float64 reference stays on the CPU.  Every result comes back on the CPU.
+"""
 
 from __future__ import annotations
 
@@ -8,32 +13,46 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from conformance.harness import resolve_device
+
 from . import model as build
+
+
+def _device(dtype) -> str:
+    return "cpu" if dtype == torch.float64 else resolve_device()
+
+
+def _cpu(t):
+    return None if t is None else t.detach().cpu()
 
 
 def dense_run(module, x, dy, dtype):
     """Forward and backward of a copy of ``module`` in ``dtype``: (y, dx, {name: grad})."""
-    m = copy.deepcopy(module).to(dtype)
-    x = x.detach().to(dtype).requires_grad_(x.is_floating_point())
+    dev = _device(dtype)
+    m = copy.deepcopy(module).to(device=dev, dtype=dtype)
+    x = x.detach().to(device=dev, dtype=dtype).requires_grad_(x.is_floating_point())
     y = m(x)
-    (y * dy.to(y.dtype)).sum().backward()
-    return y.detach(), (x.grad if x.is_floating_point() else None), {n: p.grad for n, p in m.named_parameters()}
+    (y * dy.to(device=dev, dtype=y.dtype)).sum().backward()
+    return _cpu(y), (_cpu(x.grad) if x.is_floating_point() else None), {n: _cpu(p.grad) for n, p in m.named_parameters()}
 
 
 def dense_embedding_run(module, ids, dy, dtype):
-    m = copy.deepcopy(module).to(dtype)
-    y = m(ids)
-    (y * dy.to(dtype)).sum().backward()
-    return y.detach(), None, {n: p.grad for n, p in m.named_parameters()}
+    dev = _device(dtype)
+    m = copy.deepcopy(module).to(device=dev, dtype=dtype)
+    y = m(ids.to(dev))
+    (y * dy.to(device=dev, dtype=dtype)).sum().backward()
+    return _cpu(y), None, {n: _cpu(p.grad) for n, p in m.named_parameters()}
 
 
 def cross_entropy(logits, targets, dy, case, dtype):
     """F.cross_entropy on the full logits in ``dtype``: (loss, d loss / d logits)."""
-    x = logits.detach().to(dtype).requires_grad_(True)
+    dev = _device(dtype)
+    x = logits.detach().to(device=dev, dtype=dtype).requires_grad_(True)
+    targets = targets.to(dev)
     flat = F.cross_entropy(x.reshape(-1, x.shape[-1]), targets.reshape(-1), ignore_index=case.ignore_index, reduction=case.reduction)
     loss = flat.reshape(targets.shape) if case.reduction == "none" else flat
-    (loss * dy.to(dtype)).sum().backward() if case.reduction == "none" else loss.backward()
-    return loss.detach(), x.grad
+    (loss * dy.to(device=dev, dtype=dtype)).sum().backward() if case.reduction == "none" else loss.backward()
+    return _cpu(loss), _cpu(x.grad)
 
 
 def per_token_magnitudes(module, x, dy):
@@ -68,10 +87,11 @@ def gpt_step(case, params: dict, ids, tgt, dtype):
     """The dense GPT at ``params`` in ``dtype``: (loss, {name: grad})."""
     m = build.gpt(case)
     m.load_state_dict({k: v.to(torch.float32) for k, v in params.items()}, strict=False)
-    m = m.to(dtype)
-    loss = _gpt_loss(m, ids, tgt, case.ignore_index)
+    dev = _device(dtype)
+    m = m.to(device=dev, dtype=dtype)
+    loss = _gpt_loss(m, ids.to(dev), tgt.to(dev), case.ignore_index)
     loss.backward()
-    return loss.detach(), {n: p.grad for n, p in m.named_parameters()}
+    return _cpu(loss), {n: _cpu(p.grad) for n, p in m.named_parameters()}
 
 
 def gpt_magnitudes(case, params: dict, ids, tgt):
@@ -91,13 +111,14 @@ def gpt_magnitudes(case, params: dict, ids, tgt):
 
 def gpt_training(case, dtype):
     """The dense GPT trained for the case's steps from its initial weights: final parameters."""
-    m = build.gpt(case).to(dtype)
+    dev = _device(dtype)
+    m = build.gpt(case).to(device=dev, dtype=dtype)
     opt = build.optimizer(case.optimizer, m.parameters())
     for ids, tgt in build.gpt_batches(case):
         opt.zero_grad()
-        _gpt_loss(m, ids, tgt, case.ignore_index).backward()
+        _gpt_loss(m, ids.to(dev), tgt.to(dev), case.ignore_index).backward()
         opt.step()
-    return {n: p.detach().clone() for n, p in m.named_parameters()}
+    return {n: p.detach().cpu().clone() for n, p in m.named_parameters()}
 
 
 F64 = torch.float64
