@@ -246,3 +246,45 @@ def context_parallel_positions(seq_len, world_size, rank, layout="contiguous", d
     from .context_parallel import shard_positions
 
     return shard_positions(seq_len, world_size, rank, layout, device)
+
+
+# --- mixed precision with data parallelism; data partitioning -----------------------
+#
+#   get_distributed_grad_scaler(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+#       growth_interval=2000, group=None) -> torch.amp.GradScaler's contract (scale,
+#       unscale_, step, update, get_scale), the non-finite check agreed across ``group``
+#       (one all-reduce), step(opt) -> True if it stepped, False if it skipped; a second
+#       unscale_ before update raises RuntimeError; clip_grad_norm_(params, max_norm,
+#       sharded_parameters=()) clips to the global norm (see impl.amp.grad_scaler)
+#   first_nonfinite_gradient(model, group=None) -> name of the first parameter (in
+#       named_parameters order) whose .grad holds NaN/Inf on ANY rank, or None; the same
+#       answer on every rank (a collective)
+#   get_distributed_sampler(dataset_len, num_replicas, rank, shuffle=True, seed=0,
+#       drop_last=False) -> iterable of indices with set_epoch and __len__ (torch's
+#       DistributedSampler padding rule; see impl.data.sampler)
+#   ddp_join(model) -> context manager for uneven inputs around a model from get_ddp
+#       (joined ranks shadow with zeros; the average divides by the initial world size)
+
+
+def get_distributed_grad_scaler(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, group=None):
+    from .amp import DistributedGradScaler
+
+    return DistributedGradScaler(init_scale, growth_factor, backoff_factor, growth_interval, group)
+
+
+def first_nonfinite_gradient(model, group=None):
+    from .amp import first_nonfinite_gradient as find
+
+    return find(model, group)
+
+
+def get_distributed_sampler(dataset_len, num_replicas, rank, shuffle=True, seed=0, drop_last=False):
+    from .data import DistributedSampler
+
+    return DistributedSampler(dataset_len, num_replicas, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+
+def ddp_join(model):
+    from .data import ddp_join as join
+
+    return join(model)
