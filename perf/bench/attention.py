@@ -18,6 +18,10 @@ Implementations (``--impls``)
                      torch SDPA forced to one backend with torch.nn.attention.sdpa_kernel;
                      "unsupported" where that backend has no kernel for the inputs
                      (flash and cuDNN take no float32)
+    compiled_eager   torch.compile of ``eager`` (static shapes: one compilation per case)
+
+The first call of every pass (kernel compilation, autotuning, torch.compile's tracing)
+is timed apart as ``first_ms`` and never enters the median.
 
 Passes: ``forward`` (the training forward: autograd records), ``backward`` (backward
 alone, from one forward's graph kept with retain_graph) and ``forward_backward``.
@@ -38,6 +42,7 @@ import contextlib
 import functools
 import os
 import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,14 +58,14 @@ from perf.lib.workloads import (PASSES, SDPA_BACKENDS, attention_flops, eager_at
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SDPA_IMPLS = tuple(f"sdpa_{backend}" for backend in SDPA_BACKENDS)  # sdpa_flash, sdpa_cudnn, ...
-IMPL_NAMES = ("triton", "pytorch", "eager", "sdpa", *SDPA_IMPLS)
+IMPL_NAMES = ("triton", "pytorch", "eager", "sdpa", *SDPA_IMPLS, "compiled_eager")
 
 # CS336's grid on a GPU; a tiny one on the CPU (Triton runs under its interpreter there).
 CUDA_DEFAULTS = dict(seq=[2**i for i in range(7, 17)], dims=[16, 32, 64, 128], dtypes=["bf16", "fp32"],
                      impls=["triton", "eager", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"])
 CPU_DEFAULTS = dict(seq=[16, 32, 64], dims=[16, 32], dtypes=["fp32"], impls=["triton", "eager", "sdpa"])
 
-TABLE_COLUMNS = ("impl", "dtype", "d", "seq", "pass", "batch", "heads", "ms", "tflops", "peak_mib", "status", "detail")
+TABLE_COLUMNS = ("impl", "dtype", "d", "seq", "pass", "batch", "heads", "ms", "tflops", "peak_mib", "first_ms", "status", "detail")
 
 
 # --- implementations -------------------------------------------------------------------
@@ -95,6 +100,10 @@ def make_impl(name: str, target_spec: str | None = None) -> AttentionImpl:
         return AttentionImpl(name, _target_attention(name, target_spec))
     if name == "eager":
         return AttentionImpl(name, eager_attention)  # causal
+    if name == "compiled_eager":
+        # torch.compile of the materialised attention: Inductor fuses mask, scale and softmax
+        # (recompiles per shape; the first call's time, compilation included, is first_ms)
+        return AttentionImpl(name, torch.compile(eager_attention, dynamic=False))
     if name == "sdpa":
         return AttentionImpl(name, sdpa_attention)  # causal, backend of PyTorch's choosing
     if name in SDPA_IMPLS:
@@ -145,7 +154,7 @@ def measure_pass(impl: AttentionImpl, case: Case, pass_: str, device, *, warmup_
     """One row: median ms, TFLOP/s and peak MiB of one pass, or the reason it has none."""
     device = torch.device(device)
     row = dict(impl=impl.name, dtype=case.dtype, d=case.d, seq=case.seq, batch=case.batch, heads=case.heads,
-               causal=True, ms=None, tflops=None, peak_mib=None, status=OK, detail="")
+               causal=True, ms=None, tflops=None, peak_mib=None, first_ms=None, status=OK, detail="")
     row["pass"] = pass_
     outcome, caught = None, []
     try:
@@ -154,8 +163,10 @@ def measure_pass(impl: AttentionImpl, case: Case, pass_: str, device, *, warmup_
             q, k, v, do = case.inputs(device)
             grads = [q, k, v]
             run = pass_fn(impl, pass_, q, k, v, do)
-            run()  # compiles kernels, picks algorithms
+            started = time.perf_counter()
+            run()  # compiles kernels, picks algorithms: timed apart, never in the median
             synchronize(device)
+            row["first_ms"] = (time.perf_counter() - started) * 1e3
             for t in grads:
                 t.grad = None
             with measure.PeakMemory(device) as peak:
@@ -228,6 +239,8 @@ def markdown_sections(result: SweepResult, impl_order: Sequence[str] | None = No
          pivot_markdown(result.rows, index, "impl", "ms", impl_order)),
         ("Attention peak memory (MiB, torch.cuda.max_memory_allocated)",
          pivot_markdown(result.rows, index, "impl", "peak_mib", impl_order)),
+        ("First call (ms: compilation, autotuning and tracing included; not in the medians)",
+         pivot_markdown(result.rows, index, "impl", "first_ms", impl_order)),
     ]
     failures = [r for r in result.rows if r["status"] not in (OK, measure.OOM, measure.UNSUPPORTED)]
     if failures:

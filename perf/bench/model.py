@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import gzip
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -66,8 +67,8 @@ CUDA_DEFAULTS = dict(sizes=list(STANDARD_SIZES), attention=["sdpa", "triton", "e
 CPU_DEFAULTS = dict(sizes=["tiny"], attention=["sdpa", "eager", "pytorch"], precision=["fp32", "bf16"],
                     modes=["forward", "forward_backward", "step"], batch=2, context=[64], warmup=1, steps=3)
 
-TABLE_COLUMNS = ("size", "attention", "precision", "mode", "batch", "context", "warmup", "steps",
-                 "mean_ms", "std_ms", "first_ms", "min_ms", "tokens_per_s", "peak_mib", "status")
+TABLE_COLUMNS = ("size", "attention", "precision", "mode", "compiled", "batch", "context", "warmup", "steps",
+                 "mean_ms", "std_ms", "first_ms", "min_ms", "tokens_per_s", "peak_mib", "compile_s", "status")
 
 
 def set_attention(model: gpt.GPT, backend: str) -> None:
@@ -88,8 +89,10 @@ def precision_context(precision: str, device: torch.device):
 
 
 def make_step(model: gpt.GPT, mode: str, precision: str, batch: int, context: int,
-              optimizer: torch.optim.Optimizer | None = None, seed: int = 0) -> Callable[[], None]:
-    """One benchmark step of the given mode on a fixed random batch."""
+              optimizer: torch.optim.Optimizer | None = None, seed: int = 0, compiled: bool = False) -> Callable[[], None]:
+    """One benchmark step of the given mode on a fixed random batch (``compiled``: the
+    forward through ``torch.compile(model)``, the same parameters; backward and the
+    optimizer step stay eager)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     if mode == "step" and optimizer is None:
@@ -97,10 +100,11 @@ def make_step(model: gpt.GPT, mode: str, precision: str, batch: int, context: in
     device = next(model.parameters()).device
     g = torch.Generator(device=device).manual_seed(seed)
     inputs, targets = gpt.random_batch(model.cfg, batch, context, device=device, generator=g)
+    forward_model = torch.compile(model, dynamic=False) if compiled else model
 
     def forward_loss():
         with record_function("forward"), precision_context(precision, device):
-            logits = model(inputs)
+            logits = forward_model(inputs)
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
     def backward(loss):
@@ -139,24 +143,29 @@ class ModelCase:
     mode: str
     batch: int
     context: int
+    compiled: bool = False
 
     def row(self, **values) -> dict:
         return dict(size=self.size, attention=self.attention, precision=self.precision, mode=self.mode,
-                    batch=self.batch, context=self.context, **values)
+                    batch=self.batch, context=self.context, compiled=self.compiled, **values)
 
 
 def measure_case(model: gpt.GPT, case: ModelCase, *, warmup: int, steps: int) -> dict:
     """One row: step times (mean, std, first, min), tokens/s and peak memory, or why not."""
     device = next(model.parameters()).device
     row = case.row(warmup=warmup, steps=steps, mean_ms=None, std_ms=None, first_ms=None, min_ms=None,
-                   tokens_per_s=None, peak_mib=None, status=OK, detail="", times_ms=[])
+                   tokens_per_s=None, peak_mib=None, compile_s=None, status=OK, detail="", times_ms=[])
     outcome, optimizer, step = None, None, None
     try:
         set_attention(model, case.attention)
         optimizer = make_optimizer(model) if case.mode == "step" else None
-        step = make_step(model, case.mode, case.precision, case.batch, case.context, optimizer)
-        for _ in range(warmup):
+        step = make_step(model, case.mode, case.precision, case.batch, case.context, optimizer, compiled=case.compiled)
+        for i in range(warmup):
+            started = time.perf_counter()
             step()
+            if i == 0 and case.compiled:  # tracing and compilation: reported apart, never timed
+                synchronize(device)
+                row["compile_s"] = time.perf_counter() - started
         with measure.PeakMemory(device) as peak:
             times = measure.time_calls(step, device, warmup=0, steps=steps)
         mean, std = measure.mean_std(times)
@@ -176,6 +185,7 @@ def measure_case(model: gpt.GPT, case: ModelCase, *, warmup: int, steps: int) ->
 
 def run_benchmarks(sizes: Sequence[str], attentions: Sequence[str], precisions: Sequence[str],
                    modes: Sequence[str], contexts: Sequence[int], *, batch: int, warmup: int, steps: int,
+                   compiled: Sequence[bool] = (False,),
                    device="cpu", time_budget_s: float | None = None, log=print) -> list[dict]:
     """Every (size, context, precision, attention, mode); one model per size."""
     device = torch.device(device)
@@ -192,7 +202,8 @@ def run_benchmarks(sizes: Sequence[str], attentions: Sequence[str], precisions: 
     deadline = Deadline(time_budget_s)
     rows: list[dict] = []
     for size in sizes:
-        cases = [ModelCase(size, a, p, m, batch, c) for c in contexts for p in precisions for a in attentions for m in modes]
+        cases = [ModelCase(size, a, p, m, batch, c, comp) for c in contexts for p in precisions for a in attentions
+                 for comp in compiled for m in modes]
         if deadline.expired:
             rows += [c.row(status=measure.SKIPPED, detail="time budget") for c in cases]
             continue
@@ -230,8 +241,9 @@ def run_benchmarks(sizes: Sequence[str], attentions: Sequence[str], precisions: 
 def relative_to(rows: Sequence[dict], baseline: str = "eager") -> None:
     """Add ``speedup_vs_<baseline>``: the baseline attention's mean time over this row's."""
     key = f"speedup_vs_{baseline}"
+    # the eager baseline is the uncompiled one: a compiled row reads against plain eager
     base = {(r["size"], r["precision"], r["mode"], r["batch"], r["context"]): r["mean_ms"]
-            for r in rows if r["attention"] == baseline and r.get("mean_ms")}
+            for r in rows if r["attention"] == baseline and not r.get("compiled") and r.get("mean_ms")}
     for r in rows:
         b = base.get((r["size"], r["precision"], r["mode"], r["batch"], r["context"]))
         r[key] = (b / r["mean_ms"]) if b and r.get("mean_ms") else None
@@ -376,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", nargs="+", choices=MODES)
     parser.add_argument("--batch", type=int)
     parser.add_argument("--context", nargs="+", type=int, help="context lengths (sequence length of the batch)")
+    parser.add_argument("--compile", nargs="+", choices=("off", "on"), default=["off"],
+                        help="torch.compile the model's forward: off, on, or both side by side (compilation is the first warm-up step, reported as compile_s)")
     parser.add_argument("--warmup", type=int, help="untimed steps first; 0 times the first steps too")
     parser.add_argument("--steps", type=int, help="timed steps")
     parser.add_argument("--time-budget-s", type=float, default=None)
@@ -406,8 +420,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 modes=modes, batch=batch, context=contexts, warmup=warmup, steps=steps)
     rows, extra = [], []
     if not opts.no_timing:
+        if "on" in opts.compile and warmup < 1:
+            raise SystemExit("--compile on needs --warmup >= 1: the first step compiles")
         rows = run_benchmarks(sizes, attentions, precisions, modes, contexts, batch=batch, warmup=warmup,
-                              steps=steps, device=device, time_budget_s=opts.time_budget_s)
+                              steps=steps, device=device, time_budget_s=opts.time_budget_s,
+                              compiled=[c == "on" for c in opts.compile])
         relative_to(rows, "eager")
     artifact = dict(size=sizes[0], attention=attentions[0], precision=precisions[0], batch=batch,
                     context=contexts[0], device=device, mode=opts.artifact_mode)

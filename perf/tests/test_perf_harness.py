@@ -186,7 +186,7 @@ def test_command_lines_write_their_tables(device, tmp_path, capsys):
                       "--modes", "forward", "--batch", "1", "--context", "16", "--warmup", "0", "--steps", "1",
                       "--out", str(tmp_path / "m"), "--no-plots"])
     assert "| fp32 | 16 | 16 | forward |" in (tmp_path / "a" / "attention.md").read_text()
-    assert "| tiny | sdpa | fp32 | forward | 1 | 16 | 0 | 1 |" in (tmp_path / "m" / "model.md").read_text()
+    assert "| tiny | sdpa | fp32 | forward | False | 1 | 16 | 0 | 1 |" in (tmp_path / "m" / "model.md").read_text()
     assert "Attention time" in capsys.readouterr().out
 
 

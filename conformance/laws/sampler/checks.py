@@ -1,0 +1,107 @@
+"""The comparisons behind the sampler laws (in the test's own process: no ranks needed).
+
+Every check builds the target's sampler once per rank (``get_distributed_sampler(N, R,
+r, shuffle, seed, drop_last)``, ``set_epoch(epoch)``) and reads the shares.  The padded
+order the ranks share out is rebuilt by interleaving the shares (position i*R + r holds
+rank r's i-th index), then judged against the stated rule (impl/data/sampler.py,
+torch's DistributedSampler):
+
+    T = R * L with L = floor(N / R) under drop_last (N % R != 0), else ceil(N / R);
+    without drop_last the padded order is a permutation of range(N) followed by its
+    first T - N entries again (cycling when T - N > N); with drop_last it is T distinct
+    indices of range(N).
+"""
+
+from __future__ import annotations
+
+import math
+
+from conformance.target import load_target
+
+
+def expected_len(case) -> int:
+    n, r = case.dataset_len, case.num_replicas
+    return n // r if case.drop_last and n % r else math.ceil(n / r)
+
+
+def shares(subject, case, epoch=None, fresh_per_rank=True) -> list[list[int]]:
+    make = load_target(subject).factory("get_distributed_sampler")
+    out = []
+    for rank in range(case.num_replicas):
+        sampler = make(case.dataset_len, case.num_replicas, rank, shuffle=case.shuffle, seed=case.seed, drop_last=case.drop_last)
+        sampler.set_epoch(case.epoch if epoch is None else epoch)
+        out.append([int(i) for i in sampler])
+    return out
+
+
+def interleave(per_rank: list[list[int]]) -> list[int]:
+    length = max((len(s) for s in per_rank), default=0)
+    return [s[i] for i in range(length) for s in per_rank if i < len(s)]
+
+
+def _where(case) -> str:
+    return (f"N={case.dataset_len} R={case.num_replicas} shuffle={case.shuffle} seed={case.seed} "
+            f"epoch={case.epoch} drop_last={case.drop_last}")
+
+
+def check_cover(subject, case) -> None:
+    """Across ranks every index is seen exactly once per epoch, plus exactly the stated
+    padding (the first T - N of the order again), or minus the dropped tail."""
+    per_rank = shares(subject, case)
+    n, L = case.dataset_len, expected_len(case)
+    t = L * case.num_replicas
+    lens = [len(s) for s in per_rank]
+    if lens != [L] * case.num_replicas:
+        raise AssertionError(f"{_where(case)}: shares of lengths {lens}, the rule says {L} each")
+    padded = interleave(per_rank)
+    if any(not 0 <= i < n for i in padded):
+        raise AssertionError(f"{_where(case)}: index out of range(N) in {padded}")
+    if case.drop_last:
+        if len(set(padded)) != t:
+            raise AssertionError(f"{_where(case)}: with drop_last the {t} indices must be distinct, got {padded}")
+        return
+    head, tail = padded[:n], padded[n:]
+    if sorted(head) != list(range(n)):
+        raise AssertionError(f"{_where(case)}: the first N of the interleaved shares are not a permutation of "
+                             f"range(N) (ranks disagree on the order, or an index is lost/repeated): {padded}")
+    want_tail = (head * math.ceil(len(tail) / n))[: len(tail)] if n else []
+    if tail != want_tail:
+        raise AssertionError(f"{_where(case)}: padding {tail}, the rule repeats the start of the order: {want_tail}")
+
+
+def check_len(subject, case) -> None:
+    """len(sampler) is ceil(N / R), or floor(N / R) with drop_last, and equals what it yields."""
+    make = load_target(subject).factory("get_distributed_sampler")
+    want = expected_len(case)
+    for rank in range(case.num_replicas):
+        s = make(case.dataset_len, case.num_replicas, rank, shuffle=case.shuffle, seed=case.seed, drop_last=case.drop_last)
+        s.set_epoch(case.epoch)
+        got, n_yielded = len(s), len(list(s))
+        if got != want or n_yielded != want:
+            raise AssertionError(f"{_where(case)} rank {rank}: len() {got}, yields {n_yielded}, the rule says {want}")
+
+
+def check_epochs(subject, case) -> None:
+    """The same seed and epoch give the same shares (fresh samplers); another epoch gives
+    another order (N >= 12: a uniform shuffle repeats an order with probability < 2.1e-9)."""
+    first = interleave(shares(subject, case))
+    again = interleave(shares(subject, case))
+    if first != again:
+        raise AssertionError(f"{_where(case)}: two samplers with the same seed and epoch disagree: {first} vs {again}")
+    other = interleave(shares(subject, case, epoch=case.epoch + 1))
+    if other == first:
+        raise AssertionError(f"{_where(case)}: epochs {case.epoch} and {case.epoch + 1} give the same order {first}: "
+                             "set_epoch is ignored")
+
+
+def check_strided(subject, case) -> None:
+    """Without shuffling rank r gets r, r + R, r + 2R, ... of the padded order 0..N-1."""
+    per_rank = shares(subject, case)
+    n, r_ = case.dataset_len, case.num_replicas
+    t = expected_len(case) * r_
+    base = list(range(n))
+    padded = base[:t] if case.drop_last else (base * max(1, math.ceil(t / max(n, 1))))[:t] if n else []
+    for rank, got in enumerate(per_rank):
+        want = padded[rank:t:r_]
+        if got != want:
+            raise AssertionError(f"{_where(case)} rank {rank}: {got}, the strided order is {want}")

@@ -1,0 +1,103 @@
+"""The distributed-sampler laws, written against the target protocol.
+
+A target offers
+    ``get_distributed_sampler(dataset_len, num_replicas, rank, shuffle=True, seed=0,
+        drop_last=False)`` -> an iterable of indices with ``set_epoch`` and ``__len__``,
+        under torch's DistributedSampler rule (stated in impl/data/sampler.py);
+    optionally ``ddp_join(model)`` -> a context manager for uneven inputs around a model
+        from impl's ``get_ddp`` (the rule in impl/data/join.py).
+
+Capability "distributed sampler".  No course handout: the contract tier is the issue's
+list (cover with the stated padding, identical shuffles, a new order per epoch, len, the
+strided order without shuffling); the extra is uneven inputs (join), run on 2..4 ranks
+under a watchdog timeout: a hang is a failure with a message, never a stuck suite.
+
+``rejection(law_name, target_spec, max_examples)`` is the mutant self-test's runner.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import Phase, given, note, settings
+
+from conformance import oracle
+from conformance.harness import require_world_size, resolve_device, run_on_ranks
+from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.laws.sampler import checks, reference
+from conformance.laws.sampler.rank import rank_uneven_training
+from conformance.laws.sampler.strategies import MIN_LEN_FOR_REORDER, sampler_cases, uneven_cases
+from conformance.verdicts import Verdict
+
+CAPABILITY = "distributed sampler"
+CONTROL = "impl"
+# A joined rank that stops answering leaves the others in a collective: the watchdog.
+JOIN_CASE_TIMEOUT_S = 20.0
+
+
+def check_uneven(subject, case) -> None:
+    """Ranks with different numbers of batches finish (no hang within the watchdog) and
+    end with identical parameters equal to the rule: step t averages the gradients of the
+    ranks still active over the initial world size; joined ranks take the last joiner's."""
+    require_world_size(case.world_size)
+    results = run_on_ranks(rank_uneven_training, case.world_size, subject, case, timeout=JOIN_CASE_TIMEOUT_S)
+    ref64 = reference.uneven_rule(case, torch.float64)
+    eager = reference.uneven_rule(case, torch.float32)
+    for rank, params in enumerate(results):
+        for name, value in params.items():
+            oracle.assert_bitwise_equal(f"rank {rank} vs rank 0: {name} (batches {case.batches})", value, results[0][name])
+            oracle.assert_close(f"rank {rank}: {name} (batches {case.batches})", value, ref64[name], eager[name], value.dtype)
+
+
+LAWS = (
+    Law("shares_cover_every_index_once_plus_the_stated_padding", CAPABILITY, CONTRACT,
+        cases=lambda device=None: sampler_cases(), check=checks.check_cover),
+    Law("len_is_ceil_n_over_r_or_floor_with_drop_last", CAPABILITY, CONTRACT,
+        cases=lambda device=None: sampler_cases(), check=checks.check_len),
+    Law("same_seed_and_epoch_repeat_and_the_next_epoch_reorders", CAPABILITY, CONTRACT,
+        cases=lambda device=None: sampler_cases(shuffle=(True,), min_len=MIN_LEN_FOR_REORDER), check=checks.check_epochs),
+    Law("without_shuffle_rank_r_gets_the_strided_order", CAPABILITY, CONTRACT,
+        cases=lambda device=None: sampler_cases(shuffle=(False,)), check=checks.check_strided),
+    Law("uneven_batches_finish_and_equal_the_join_rule", CAPABILITY, API,
+        cases=lambda device=None: uneven_cases(device), check=check_uneven, needs=("ranks",),
+        extra="uneven inputs (join)"),
+)
+LAWS_BY_NAME = by_name(LAWS)
+DISTRIBUTED = {law.name for law in LAWS if law.needs}
+
+
+def check_law(law: Law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
+    device = resolve_device(device)
+    options = dict(extra_settings)
+    if max_examples is not None:
+        options["max_examples"] = max_examples
+    declined = []
+
+    @settings(**options)
+    @given(case=law.cases(device=device))
+    def run(case):
+        note(f"case: {case}")
+        try:
+            law.check(subject, case)
+        except Verdict as verdict:
+            declined.append(verdict)
+
+    run()
+    if declined:
+        raise declined[0]
+
+
+MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
+DEFAULT_EXAMPLES = 30
+
+
+def mutant_examples(law_name: str) -> int:
+    return 2 if law_name in DISTRIBUTED else 30
+
+
+def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
+    """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes."""
+    try:
+        check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS)
+    except AssertionError as exc:
+        return (str(exc).splitlines() or [type(exc).__name__])[0]
+    return None
