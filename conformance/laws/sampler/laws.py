@@ -31,7 +31,7 @@ from conformance.verdicts import Verdict
 CAPABILITY = "distributed sampler"
 CONTROL = "impl"
 # A joined rank that stops answering leaves the others in a collective: the watchdog.
-JOIN_CASE_TIMEOUT_S = 20.0
+JOIN_CASE_TIMEOUT_S = 15.0
 
 
 def check_uneven(subject, case) -> None:
