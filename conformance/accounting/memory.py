@@ -143,3 +143,43 @@ def gpt_activation_bytes(cfg, batch: int, seq: int, float_bytes: int = 4) -> int
 
 def gib(n: float) -> float:
     return n / 2**30
+
+
+# --- per-rank model states by ZeRO stage ---------------------------------------------------
+
+ZERO_STAGES = {0: "DDP", 1: "ZeRO-1 (optimizer state sharded)", 2: "ZeRO-2 (+ gradients)", 3: "ZeRO-3 / FSDP full shard (+ parameters)"}
+
+
+def zero_model_state_bytes(n_params: int, world_size: int, stage: int, *, param_bytes: int = 2, grad_bytes: int = 2,
+                           optimizer_bytes: int = 12) -> dict[str, float]:
+    """Per-rank bytes of parameters, gradients and optimizer state for Psi = ``n_params``.
+
+    The ZeRO paper's accounting (Rajbhandari et al., 2020): mixed-precision Adam holds
+    2 + 2 + K bytes a parameter, fp16/bf16 parameters and gradients and K = 12 of fp32
+    master copy, momentum and variance.  Stage s shards the first s of (optimizer state,
+    gradients, parameters) over W ranks:
+
+        stage 0 (DDP)     (2 + 2 + K) Psi
+        stage 1           (2 + 2) Psi + K Psi / W
+        stage 2           2 Psi + (2 + K) Psi / W
+        stage 3           (2 + 2 + K) Psi / W
+
+    fp32 training without a master copy is ``param_bytes=4, grad_bytes=4, optimizer_bytes=8``
+    (AdamW's two moments).  Activations and temporary buffers are not model states: the
+    full parameters a ZeRO-3 rank gathers for one unit at a time are its working set, not
+    its resident memory (``zero3_working_set_bytes``)."""
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"ZeRO stage must be one of {sorted(ZERO_STAGES)}, got {stage!r}")
+    if world_size < 1 or n_params < 0:
+        raise ValueError(f"need world_size >= 1 and n_params >= 0, got {world_size}, {n_params}")
+    w = world_size
+    p = param_bytes * n_params / (w if stage >= 3 else 1)
+    g = grad_bytes * n_params / (w if stage >= 2 else 1)
+    o = optimizer_bytes * n_params / (w if stage >= 1 else 1)
+    return {"parameters": p, "gradients": g, "optimizer": o, "total": p + g + o}
+
+
+def zero3_working_set_bytes(largest_unit_params: int, param_bytes: int = 2, prefetch: int = 1) -> int:
+    """Full parameters a ZeRO-3 rank holds while computing: the current unit and ``prefetch``
+    units gathered ahead (bounded by the largest unit)."""
+    return (1 + prefetch) * param_bytes * largest_unit_params
