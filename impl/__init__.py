@@ -288,3 +288,41 @@ def ddp_join(model):
     from .data import ddp_join as join
 
     return join(model)
+
+
+# --- activation checkpointing and ring collectives ---------------------------------------
+#   get_checkpointed_blocks(blocks, strategy, segment_size=None) -> nn.Module running the
+#       blocks in order; strategy "none", "every", "segments" (k = segment_size), "sqrt",
+#       "nested"; a block returning a tuple passes its first item on (impl.checkpointing)
+#   ring_all_reduce / ring_all_gather / ring_reduce_scatter / ring_all_reduce_alternate
+#       (tensor, group=None) -> new tensor; every rank of the group calls (impl.collectives)
+
+
+def get_checkpointed_blocks(blocks, strategy, segment_size=None):
+    from .checkpointing import checkpointed_blocks
+
+    return checkpointed_blocks(blocks, strategy, segment_size)
+
+
+def ring_all_reduce(tensor, group=None):
+    from .collectives import ring_all_reduce as run
+
+    return run(tensor, group)
+
+
+def ring_all_gather(tensor, group=None):
+    from .collectives import ring_all_gather as run
+
+    return run(tensor, group)
+
+
+def ring_reduce_scatter(tensor, group=None):
+    from .collectives import ring_reduce_scatter as run
+
+    return run(tensor, group)
+
+
+def ring_all_reduce_alternate(tensor, group=None):
+    from .collectives import ring_all_reduce_alternate as run
+
+    return run(tensor, group)

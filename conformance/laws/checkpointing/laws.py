@@ -1,0 +1,77 @@
+"""The activation-checkpointing laws, written against the target protocol.
+
+A target offers ``get_checkpointed_blocks(blocks, strategy, segment_size=None)`` -> an
+``nn.Module`` whose ``forward(x)`` runs x through ``blocks`` in order and returns the last
+block's output; its parameters are the blocks' own.  Strategies: "none", "every",
+"segments" (k = segment_size blocks per checkpoint, the last shorter), "sqrt" (the best
+single level), "nested" (recursive halving, minimum peak).  Composition: a block returning
+a tuple passes its first item on; the last block's output comes back whole.
+
+Capability "activation checkpointing".  No course test exists; the contract is the issue's
+list: gradients and loss equal to no checkpointing bit for bit (fp32, CPU, deterministic,
+dropout included), the activation peak and the block forwards equal the suite's own
+prediction (``reference``) for every, segments, sqrt and nested, N 1..24, k 1..N.  Extras:
+an input that does not require grad, blocks with buffers and non-tensor outputs, bad
+requests.
+
+``check_law(law, subject, device=None, max_examples=None, **settings)`` runs one law;
+``rejection(law_name, target_spec, max_examples)`` is the mutant self-test's runner.
+"""
+
+from __future__ import annotations
+
+from hypothesis import Phase, given, note, settings
+
+from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.laws.checkpointing import checks
+from conformance.laws.checkpointing.strategies import bad_requests, stack_cases
+from conformance.target import load_target
+
+CAPABILITY = "activation checkpointing"
+CONTROL = "impl"
+DEFAULT_EXAMPLES = 12
+
+LAWS = (
+    Law("gradients_and_loss_equal_no_checkpointing_bit_for_bit", CAPABILITY, CONTRACT,
+        cases=lambda device=None: stack_cases(max_n=12), check=checks.check_gradients),
+    Law("activation_peak_equals_the_prediction", CAPABILITY, CONTRACT,
+        cases=lambda device=None: stack_cases(p=(0.25, 0.5)), check=checks.check_peak),
+    Law("block_forwards_equal_the_prediction", CAPABILITY, CONTRACT,
+        cases=lambda device=None: stack_cases(), check=checks.check_forwards),
+    Law("input_without_grad_still_gives_parameter_gradients", CAPABILITY, API,
+        cases=lambda device=None: stack_cases(max_n=8), check=checks.check_input_without_grad,
+        extra="inputs that do not require grad"),
+    Law("blocks_with_buffers_and_non_tensor_outputs_match_the_plain_stack", CAPABILITY, API,
+        cases=lambda device=None: stack_cases(max_n=8), check=checks.check_buffers_and_tuples,
+        extra="buffers and non-tensor outputs"),
+    Law("bad_strategy_or_segment_size_is_a_clear_error", CAPABILITY, API,
+        cases=lambda device=None: bad_requests(), check=checks.check_bad_request, extra="bad requests"),
+)
+LAWS_BY_NAME = by_name(LAWS)
+
+
+def check_law(law: Law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
+    load_target(subject).factory(checks.ENTRY)  # not offered: say so before any example runs
+    options = dict(extra_settings)
+    if max_examples is not None:
+        options["max_examples"] = max_examples
+
+    @settings(**options)
+    @given(case=law.cases(device=device))
+    def run(case):
+        note(f"case: {case}")
+        law.check(subject, case)
+
+    run()
+
+
+MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True, deadline=None)
+
+
+def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
+    """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes."""
+    try:
+        check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS)
+    except AssertionError as exc:
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return None

@@ -1,0 +1,64 @@
+"""Activation checkpointing: fixed spec cases against ``--target`` (capability rows of the report).
+
+No course test exists; the contract cases pin the issue's laws at chosen sizes: every
+strategy on N = 1, 7, 12 and 24 blocks with dropout (bit-for-bit gradients), the peak and
+forward counts for segments that divide N and that do not, the best single level and the
+nested recursion.  Then the extras at fixed sizes.
+"""
+
+import pytest
+
+from conformance.laws.checkpointing import checks
+from conformance.laws.checkpointing.strategies import BadRequest, StackCase
+
+STRATEGIES = [("every", None), ("segments", 1), ("segments", 3), ("segments", 5), ("sqrt", None), ("nested", None)]
+
+
+def _case(n, strategy, k, seed=3, p=0.25, grad=True):
+    return StackCase(n, strategy, k, rows=2, d=4, h=16, p=p, seed=seed, input_requires_grad=grad)
+
+
+def _ids(cases):
+    return [f"N{n}-{s}{'' if k is None else k}" for n, s, k in cases]
+
+
+GRAD_CASES = [(n, s, k) for n in (1, 7, 12) for s, k in STRATEGIES if k is None or k <= n] + [(24, "nested", None)]
+COST_CASES = [(n, s, k) for n in (1, 2, 7, 12, 24) for s, k in STRATEGIES if k is None or k <= n] + [(24, "segments", 24)]
+
+
+@pytest.mark.parametrize("n, strategy, k", GRAD_CASES, ids=_ids(GRAD_CASES))
+def test_contract_gradients_equal_no_checkpointing(n, strategy, k, target):
+    checks.check_gradients(target.spec, _case(n, strategy, k))
+
+
+@pytest.mark.parametrize("n, strategy, k", COST_CASES, ids=_ids(COST_CASES))
+def test_contract_activation_peak_equals_the_prediction(n, strategy, k, target):
+    checks.check_peak(target.spec, _case(n, strategy, k))
+
+
+@pytest.mark.parametrize("n, strategy, k", COST_CASES, ids=_ids(COST_CASES))
+def test_contract_block_forwards_equal_the_prediction(n, strategy, k, target):
+    checks.check_forwards(target.spec, _case(n, strategy, k))
+
+
+def test_none_strategy_equals_the_plain_stack(target):
+    checks.check_gradients(target.spec, _case(5, "none", None))
+
+
+@pytest.mark.parametrize("strategy, k", [("every", None), ("segments", 2), ("nested", None)])
+def test_input_without_grad_gives_parameter_gradients(strategy, k, target):
+    checks.check_input_without_grad(target.spec, _case(6, strategy, k, grad=False))
+
+
+@pytest.mark.parametrize("strategy, k", [("every", None), ("segments", 3), ("nested", None)])
+def test_blocks_with_a_buffer_returning_a_tensor_and_a_dict(strategy, k, target):
+    checks.check_buffers_and_tuples(target.spec, _case(5, strategy, k))
+
+
+BAD = [BadRequest(4, "Every", None, "strategy"), BadRequest(4, "segments", 0, "segment_size"),
+       BadRequest(4, "segments", 5, "segment_size"), BadRequest(1, "segments", -1, "segment_size")]
+
+
+@pytest.mark.parametrize("req", BAD, ids=["unknown-name", "k0", "k-above-N", "k-negative"])
+def test_bad_request_is_a_clear_error(req, target):
+    checks.check_bad_request(target.spec, req)
