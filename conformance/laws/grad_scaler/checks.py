@@ -1,0 +1,174 @@
+"""The comparisons behind the gradient-scaler laws (the rank side is ``rank.py``).
+
+Exact where the arithmetic is exact: multiplying by a power of two (and by its inverse)
+changes no bit of a normal fp32 number, so the unscaled gradients, the skipped steps and
+scaled-vs-unscaled training are judged bit for bit.  The big-batch gradient (a sum in
+another order) and the clipping norm (a float64 sum in another order) are judged by the
+float64 oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conformance import oracle
+from conformance.harness import require_world_size, run_on_ranks
+from conformance.laws.grad_scaler import reference
+from conformance.laws.grad_scaler.rank import rank_parity, rank_scaled_training
+
+CASE_TIMEOUT_S = 60.0
+
+
+def _run(subject, case, fn=rank_scaled_training):
+    require_world_size(case.world_size)
+    return run_on_ranks(fn, case.world_size, subject, case, timeout=CASE_TIMEOUT_S)
+
+
+def _injected_steps(case) -> set[int]:
+    return {i[0] for i in case.inject}
+
+
+def _where(case, rank, step):
+    return f"W={case.world_size} {case.wrapper} {case.optimizer} scale=2^{case.scale_exp} rank {rank} step {step}"
+
+
+def _same(name, a, b):
+    if a is None or b is None:
+        if a is not b:
+            raise AssertionError(f"{name}: one is None, the other is not")
+        return
+    oracle.assert_bitwise_equal(name, a, b)
+
+
+def check_unscale(subject, case) -> None:
+    """After unscale_ every gradient is the synchronised scaled gradient times 1/S, bit for
+    bit (S a power of two); step uses it as it is (no second division) and returns True."""
+    for rank, records in enumerate(_run(subject, case)):
+        for step, rec in enumerate(records):
+            where = _where(case, rank, step)
+            inv = torch.tensor(1.0 / rec["scale"], dtype=torch.float32)
+            if rec["stepped"] is not True:
+                raise AssertionError(f"{where}: step returned {rec['stepped']!r} on a clean step, expected True")
+            for name, scaled in rec["scaled_grads"].items():
+                if scaled is None:
+                    continue
+                if case.explicit_unscale:
+                    _same(f"{where}: {name} after unscale_ vs scaled * 1/S", rec["unscaled_grads"][name], scaled * inv)
+                _same(f"{where}: {name} after step vs scaled * 1/S (unscaled once)", rec["grads_after_step"][name], scaled * inv)
+
+
+def check_skip(subject, case) -> None:
+    """A non-finite gradient on one rank: every rank's step returns False, parameters and
+    optimizer state stay bit for bit, the LR scheduler stays put and the scale backs off;
+    clean steps return True on every rank and the replicas stay identical."""
+    results = _run(subject, case)
+    bad = _injected_steps(case)
+    for rank, records in enumerate(results):
+        for step, rec in enumerate(records):
+            where = _where(case, rank, step) + f" (injected {case.inject})"
+            if step in bad:
+                if rec["stepped"] is not False:
+                    raise AssertionError(f"{where}: step returned {rec['stepped']!r}; a non-finite gradient on some rank must skip it here too")
+                for name, before in rec["params_before"].items():
+                    _same(f"{where}: skipped step changed parameter {name}", rec["params_after"][name], before)
+                for key, before in rec["opt_before"].items():
+                    _same(f"{where}: skipped step changed optimizer state {key}", rec["opt_after"][key], before)
+                if set(rec["opt_after"]) != set(rec["opt_before"]):
+                    raise AssertionError(f"{where}: skipped step created optimizer state {sorted(set(rec['opt_after']) - set(rec['opt_before']))}")
+                if rec["lr_after"] != rec["lr_before"]:
+                    raise AssertionError(f"{where}: the LR scheduler moved ({rec['lr_before']} -> {rec['lr_after']}) on a skipped step")
+                if rec["scale_after"] != rec["scale"] * 0.5:
+                    raise AssertionError(f"{where}: scale {rec['scale']} -> {rec['scale_after']} after an overflow, expected backoff to {rec['scale'] * 0.5}")
+            elif rec["stepped"] is not True:
+                raise AssertionError(f"{where}: step returned {rec['stepped']!r} on a clean step, expected True")
+    for rank, records in enumerate(results):
+        for name, value in records[-1]["params_after"].items():
+            if not name.startswith("flat_shards."):
+                _same(f"rank {rank} vs rank 0: {name} at the end", value, results[0][-1]["params_after"][name])
+
+
+def check_parity(subject, case) -> None:
+    """Without overflow, training with a power-of-two scale (growing every growth_interval
+    steps) gives the same parameters as training without scaling, bit for bit."""
+    for rank, res in enumerate(_run(subject, case, rank_parity)):
+        if not all(s is True for s in res["stepped"]):
+            raise AssertionError(f"rank {rank}: steps returned {res['stepped']} with no overflow")
+        for name, plain in res["plain"].items():
+            _same(f"{_where(case, rank, case.steps - 1)}: {name} scaled vs unscaled training", res["scaled"][name], plain)
+
+
+def check_growth(subject, case) -> None:
+    """The scale doubles after growth_interval clean steps in a row, halves on an overflow,
+    and an overflow resets the count of clean steps; the same on every rank."""
+    bad = _injected_steps(case)
+    want = reference.scale_sequence(2.0**case.scale_exp, case.growth_interval, [s in bad for s in range(case.steps)])
+    for rank, records in enumerate(_run(subject, case)):
+        got = [r["scale_after"] for r in records]
+        if got != want:
+            raise AssertionError(f"W={case.world_size} rank {rank}: scales {got}, expected {want} "
+                                 f"(growth_interval {case.growth_interval}, overflow at steps {sorted(bad)})")
+
+
+def check_second_unscale(subject, case) -> None:
+    """A second unscale_ of the same optimizer before update() raises RuntimeError (and
+    after update() unscale_ works again: every step calls it)."""
+    for rank, records in enumerate(_run(subject, case)):
+        for step, rec in enumerate(records):
+            if rec.get("second_unscale") != "RuntimeError":
+                raise AssertionError(f"{_where(case, rank, step)}: a second unscale_ before update() {rec.get('second_unscale')}, expected RuntimeError")
+
+
+def check_first_nonfinite(subject, case) -> None:
+    """first_nonfinite_gradient names, on every rank, the first parameter (named_parameters
+    order) whose gradient is non-finite on ANY rank; None when all are finite."""
+    results = _run(subject, case)
+    for step in range(case.steps):
+        names = results[0][step]["names"]
+        first = None
+        for i, name in enumerate(names):
+            if any(r[step]["scaled_grads"][name] is not None and not bool(torch.isfinite(r[step]["scaled_grads"][name]).all())
+                   for r in results):
+                first = name
+                break
+        answers = [r[step]["first_nonfinite"] for r in results]
+        if any(a != first for a in answers):
+            raise AssertionError(f"W={case.world_size} step {step} (injected {case.inject}): answers per rank {answers}, expected {first!r} everywhere")
+
+
+def check_clip(subject, case) -> None:
+    """Clipping after unscale_ uses the global norm (FSDP: shards summed over ranks,
+    replicated parameters once): returned norm and clipped gradients match the law's norm."""
+    for rank, records in enumerate(_run(subject, case)):
+        for step, rec in enumerate(records):
+            clip = rec["clip"]
+            where = _where(case, rank, step)
+            norm64 = torch.tensor(clip["law_norm"], dtype=torch.float64)
+            oracle.assert_close(f"{where}: returned norm", torch.tensor(clip["returned"], dtype=torch.float32), norm64, norm64.float())
+            coef = min(1.0, clip["max_norm"] / (clip["law_norm"] + 1e-6))
+            for name, before in rec["unscaled_grads"].items():
+                if before is None:
+                    continue
+                ref64 = before.double() * coef
+                oracle.assert_close(f"{where}: {name} after clipping (coefficient {coef:.4g})", clip["after"][name], ref64, before * coef)
+
+
+def check_accumulation(subject, case) -> None:
+    """k micro-batches under no_sync then one synced backward, with loss scaling, give the
+    big batch's gradient after unscale_; a non-finite value in any micro-batch of any
+    rank makes every rank skip the step."""
+    results = _run(subject, case)
+    bad = _injected_steps(case)
+    ref64 = reference.big_batch_grads(case, 0, torch.float64)
+    eager = reference.big_batch_grads(case, 0, torch.float32)
+    for rank, records in enumerate(results):
+        rec = records[0]
+        where = _where(case, rank, 0) + f" k={case.micro_batches} (injected {case.inject})"
+        if 0 in bad:
+            if rec["stepped"] is not False:
+                raise AssertionError(f"{where}: step returned {rec['stepped']!r} with a non-finite value in a micro-batch")
+            continue
+        if rec["stepped"] is not True:
+            raise AssertionError(f"{where}: step returned {rec['stepped']!r} on a clean step")
+        for name, grad in rec["grads_after_step"].items():
+            key = name.removeprefix("module.")
+            oracle.assert_close(f"{where}: {name} vs the big batch", grad, ref64[key], eager[key])

@@ -1,0 +1,101 @@
+"""The gradient-scaler laws, written against the target protocol.
+
+A target offers
+    ``get_distributed_grad_scaler(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+        growth_interval=2000, group=None)`` -> torch.amp.GradScaler's contract with the
+        non-finite check agreed across ``group`` and ``step`` returning whether it
+        stepped (impl/amp/grad_scaler.py states it; ``clip_grad_norm_`` for the
+        clipping extra);
+    ``first_nonfinite_gradient(model, group=None)`` -> the first parameter name whose
+        gradient is non-finite on any rank, the same on every rank.
+
+Capability "gradient scaler".  No course handout: the contract tier is the GradScaler
+contract with impl's DDP wrappers at W = 2 (unscale exactness, skip agreement with
+backoff, scaled = unscaled training, growth and its counter, second unscale_, the first
+non-finite parameter); the extras run FSDP, clipping to the global norm, no_sync
+accumulation, and W up to 4.
+
+``rejection(law_name, target_spec, max_examples)`` is the mutant self-test's runner.
+"""
+
+from __future__ import annotations
+
+from hypothesis import Phase, given, note, settings
+
+from conformance.harness import resolve_device
+from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.laws.grad_scaler import checks
+from conformance.laws.grad_scaler.strategies import scaler_cases
+from conformance.verdicts import Verdict
+
+CAPABILITY = "gradient scaler"
+CONTROL = "impl"
+DDP = ("bucketed", "individual")
+
+LAWS = (
+    Law("unscale_gives_the_scaled_gradient_times_the_inverse_scale_exactly", CAPABILITY, CONTRACT,
+        cases=lambda device=None: scaler_cases(device), check=checks.check_unscale, needs=("ranks",)),
+    Law("nonfinite_on_one_rank_skips_everywhere_keeps_state_and_backs_off", CAPABILITY, CONTRACT,
+        cases=lambda device=None: scaler_cases(device, steps=(2, 3), injections=(1, 2), where=("grad", "grad", "input"),
+                                               delay_injected_ranks=True),
+        check=checks.check_skip, needs=("ranks",)),
+    Law("power_of_two_scale_trains_bit_for_bit_like_no_scaling", CAPABILITY, CONTRACT,
+        cases=lambda device=None: scaler_cases(device, steps=(2, 4), explicit=(True,)), check=checks.check_parity,
+        needs=("ranks",)),
+    Law("scale_grows_after_growth_interval_clean_steps_and_overflow_resets_the_count", CAPABILITY, CONTRACT,
+        cases=lambda device=None: scaler_cases(device, steps=(5, 8), injections=(1, 2), where=("input", "grad"),
+                                               growth=(2, 3)),
+        check=checks.check_growth, needs=("ranks",)),
+    Law("a_second_unscale_before_update_raises", CAPABILITY, CONTRACT,
+        cases=lambda device=None: scaler_cases(device, steps=(1, 2), explicit=(True,), second_unscale=True),
+        check=checks.check_second_unscale, needs=("ranks",)),
+    Law("first_nonfinite_gradient_is_the_same_first_parameter_on_every_rank", CAPABILITY, CONTRACT,
+        cases=lambda device=None: scaler_cases(device, steps=(1, 2), injections=(0, 3), find_first=True),
+        check=checks.check_first_nonfinite, needs=("ranks",)),
+    Law("fsdp_shard_overflow_on_one_rank_skips_everywhere", CAPABILITY, API,
+        cases=lambda device=None: scaler_cases(device, contract=False, wrappers=("fsdp",), steps=(2, 3), injections=(1, 2)),
+        check=checks.check_skip, needs=("ranks",), extra="FSDP, W up to 4"),
+    Law("clipping_after_unscale_uses_the_global_norm_across_ranks_and_shards", CAPABILITY, API,
+        cases=lambda device=None: scaler_cases(device, contract=False, wrappers=("fsdp", "bucketed"), steps=(1, 2),
+                                               explicit=(True,), clip_fraction=0.5),
+        check=checks.check_clip, needs=("ranks",), extra="clipping to the global norm"),
+    Law("no_sync_accumulation_with_scaling_equals_the_big_batch_and_skips_as_one", CAPABILITY, API,
+        cases=lambda device=None: scaler_cases(device, contract=False, wrappers=("bucketed",), steps=(1, 1), injections=(0, 1),
+                                               where=("input",), explicit=(True,), micro_batches=3),
+        check=checks.check_accumulation, needs=("ranks",), extra="gradient accumulation with no_sync"),
+)
+LAWS_BY_NAME = by_name(LAWS)
+
+
+def check_law(law: Law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
+    device = resolve_device(device)
+    options = dict(extra_settings)
+    if max_examples is not None:
+        options["max_examples"] = max_examples
+    declined = []
+
+    @settings(**options)
+    @given(case=law.cases(device=device))
+    def run(case):
+        note(f"case: {case}")
+        try:
+            law.check(subject, case)
+        except Verdict as verdict:
+            declined.append(verdict)
+
+    run()
+    if declined:
+        raise declined[0]
+
+
+MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
+DEFAULT_EXAMPLES = 6
+
+
+def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
+    """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes."""
+    try:
+        check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS)
+    except AssertionError as exc:
+        return (str(exc).splitlines() or [type(exc).__name__])[0]
+    return None

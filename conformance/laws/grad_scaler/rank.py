@@ -1,0 +1,144 @@
+"""Rank side of the gradient-scaler laws (module-level functions run by the distributed harness).
+
+``rank_scaled_training`` trains the case's model for ``case.steps`` steps through impl's
+wrapper with the target's scaler and records, per step, what the laws judge: the scale,
+the gradients as synchronised (scaled), after ``unscale_`` and after ``step``, what
+``step`` returned, parameters, optimizer state and the learning rate of a StepLR
+scheduler (driven ``if scaler.step(opt): scheduler.step()``) before and after, whether a
+second ``unscale_`` raised, ``first_nonfinite_gradient``'s answer, and the clipping
+results.  ``rank_parity`` runs the same steps with and without scaling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+
+from conformance.laws.grad_scaler import model as models
+from conformance.target import load_target
+
+DELAY_S = 0.05
+VALUES = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
+
+
+def _clone_params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _clone_grads(model):
+    return {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in model.named_parameters()}
+
+
+def _clone_state(opt):
+    out = {}
+    for i, (p, state) in enumerate(opt.state.items()):
+        for k, v in state.items():
+            out[f"{i}.{k}"] = v.detach().clone() if isinstance(v, torch.Tensor) else torch.tensor(float(v))
+    return out
+
+
+def _sharded(name: str) -> bool:
+    return name.startswith("flat_shards.")
+
+
+def _law_norm(model, device) -> float:
+    """The global gradient 2-norm, computed by the law: shards summed over ranks, the rest once."""
+    shard_sq = torch.zeros(1, dtype=torch.float64, device=device)
+    rest_sq = 0.0
+    for n, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        if _sharded(n):
+            shard_sq += p.grad.double().pow(2).sum()
+        else:
+            rest_sq += float(p.grad.double().pow(2).sum())
+    dist.all_reduce(shard_sq)
+    return (float(shard_sq) + rest_sq) ** 0.5
+
+
+def rank_scaled_training(ctx, subject: str, case, scaled: bool = True):
+    target = load_target(subject)
+    module = models.build(case).to(ctx.device)
+    model = models.wrap(case, module)
+    opt = models.optimizer(case, model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scaler = None
+    if scaled:
+        scaler = target.factory("get_distributed_grad_scaler")(
+            init_scale=2.0**case.scale_exp, growth_factor=2.0, backoff_factor=0.5, growth_interval=case.growth_interval)
+    names = [n for n, _ in model.named_parameters()]
+    records = []
+    for step in range(case.steps):
+        rec = {"params_before": _clone_params(model), "opt_before": _clone_state(opt), "lr_before": opt.param_groups[0]["lr"]}
+        rec["scale"] = scaler.get_scale() if scaler else 1.0
+        opt.zero_grad(set_to_none=True)
+        mine = [i for i in case.inject if i[0] == step and i[1] == ctx.rank]
+        for micro in range(case.micro_batches):
+            x, y = (t.to(ctx.device) for t in models.batch(case, ctx.rank, step, micro))
+            for _, _, where, kind, index in mine:
+                if where == "input" and index % case.micro_batches == micro:
+                    x[0, index % case.width] = VALUES[kind]
+            last = micro == case.micro_batches - 1
+            with (contextlib.nullcontext() if last else model.no_sync()):
+                loss = models.loss_fn(model(x), y, case)
+                (scaler.scale(loss) if scaler else loss).backward()
+        model.finish_gradient_synchronization()
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for _, _, where, kind, index in mine:
+                if where == "grad":
+                    with_grad = [n for n in names if params[n].grad is not None and params[n].grad.numel()]
+                    name = with_grad[index % len(with_grad)]
+                    flat = params[name].grad.view(-1)
+                    flat[(index * 7) % flat.numel()] = VALUES[kind]
+        rec["names"] = names
+        if case.find_first:
+            rec["first_nonfinite"] = target.call("first_nonfinite_gradient", model)
+        rec["scaled_grads"] = _clone_grads(model)
+        if mine and case.delay_injected_ranks:
+            time.sleep(DELAY_S)  # the others reach the agreement first: a flag read early is their own
+        if scaler is not None and case.explicit_unscale:
+            scaler.unscale_(opt)
+            rec["unscaled_grads"] = _clone_grads(model)
+            if case.second_unscale:
+                try:
+                    scaler.unscale_(opt)
+                    rec["second_unscale"] = "returned"
+                except RuntimeError:
+                    rec["second_unscale"] = "RuntimeError"
+            if case.clip_fraction:
+                norm = _law_norm(model, ctx.device)
+                max_norm = case.clip_fraction * norm
+                rest = [p for n, p in model.named_parameters() if not _sharded(n)]
+                shards = [p for n, p in model.named_parameters() if _sharded(n)]
+                returned = scaler.clip_grad_norm_(rest, max_norm, sharded_parameters=shards)
+                rec["clip"] = {"law_norm": norm, "max_norm": max_norm, "returned": float(returned),
+                               "after": _clone_grads(model)}
+        if scaler is not None:
+            stepped = scaler.step(opt)
+        else:
+            opt.step()
+            stepped = True
+        rec["stepped"] = stepped
+        rec["grads_after_step"] = _clone_grads(model)
+        if stepped is True:
+            sched.step()
+        if scaler is not None:
+            scaler.update()
+        rec["scale_after"] = scaler.get_scale() if scaler else 1.0
+        rec["params_after"] = _clone_params(model)
+        rec["opt_after"] = _clone_state(opt)
+        rec["lr_after"] = opt.param_groups[0]["lr"]
+        records.append(rec)
+    return records
+
+
+def rank_parity(ctx, subject: str, case):
+    """Final parameters with the scaler and without any scaling, same steps and batches."""
+    with_scaler = rank_scaled_training(ctx, subject, case, scaled=True)
+    plain = rank_scaled_training(ctx, subject, case, scaled=False)
+    return {"scaled": with_scaler[-1]["params_after"], "plain": plain[-1]["params_after"],
+            "stepped": [r["stepped"] for r in with_scaler]}

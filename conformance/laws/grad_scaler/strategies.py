@@ -1,0 +1,78 @@
+"""Cases of the gradient-scaler laws, as Hypothesis strategies.
+
+``ScalerCase``: a small tanh MLP (impl's DDP laws' ``RandomMLP``) trained for a few steps
+on W ranks through one of impl's wrappers (bucketed DDP = ``get_ddp``, per-parameter
+DDP, FSDP) with the target's scaler at a power-of-two scale.  ``inject`` lists the
+non-finite values put in: ``(step, rank, where, kind, param_index)``, where "grad" is one
+element of one parameter's gradient on ONE rank after the gradient synchronisation (what
+a rank holding its own shard or a corrupted local copy sees) and "input" one element of
+that rank's first input row (it reaches every rank through the averaging).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from conformance.harness import available_world_sizes, pinned_world_size
+
+MAX_WORLD_SIZE = 4
+
+
+@dataclass(frozen=True)
+class ScalerCase:
+    world_size: int
+    wrapper: str  # "bucketed" | "individual" | "fsdp"
+    seed: int
+    width: int
+    rows: int
+    optimizer: str  # "sgd" | "adam"
+    scale_exp: int  # init_scale = 2 ** scale_exp
+    growth_interval: int
+    steps: int
+    inject: tuple = ()
+    explicit_unscale: bool = True
+    second_unscale: bool = False
+    micro_batches: int = 1
+    clip_fraction: float = 0.0
+    find_first: bool = False
+    delay_injected_ranks: bool = False  # ranks with an injection sleep before unscale_/step
+
+
+def world_sizes(device, low: int, high: int):
+    if pinned_world_size() is not None:
+        return st.just(pinned_world_size())
+    top = min(high, max(available_world_sizes(device)))
+    return st.integers(min(low, top), top)
+
+
+def _injection(draw, w, steps, where):
+    step = draw(st.integers(0, steps - 1))
+    return (step, draw(st.integers(0, w - 1)), draw(st.sampled_from(where)), draw(st.sampled_from(["inf", "nan", "-inf"])),
+            draw(st.integers(0, 50)))
+
+
+@st.composite
+def scaler_cases(draw, device, *, contract=True, wrappers=("bucketed", "individual"), steps=(1, 3), injections=(0, 0),
+                 where=("grad",), explicit=(True, False), growth=(1, 3), **fixed):
+    """Contract cases: DDP at W = 2 (fewer where fewer ranks run); extras: W = 2..4."""
+    w = draw(world_sizes(device, 2, 2 if contract else MAX_WORLD_SIZE))
+    n_steps = draw(st.integers(*steps))
+    n_inject = draw(st.integers(*injections))
+    inject = tuple(sorted({_injection(draw, w, n_steps, where) for _ in range(n_inject)}))
+    values = dict(
+        world_size=w,
+        wrapper=draw(st.sampled_from(wrappers)),
+        seed=draw(st.integers(0, 2**20)),
+        width=draw(st.integers(2, 5)),
+        rows=draw(st.integers(1, 4)),
+        optimizer=draw(st.sampled_from(["adam", "sgd"])),
+        scale_exp=draw(st.integers(0, 20)),
+        growth_interval=draw(st.integers(*growth)),
+        steps=n_steps,
+        inject=inject,
+        explicit_unscale=draw(st.sampled_from(explicit)),
+    )
+    values.update(fixed)
+    return ScalerCase(**values)
