@@ -1,0 +1,73 @@
+"""The ring-collective laws, written against the target protocol.
+
+A target offers (every rank of ``group`` calls with its own tensor; group None: the default
+group) ``ring_all_reduce``, ``ring_all_gather``, ``ring_reduce_scatter`` and
+``ring_all_reduce_alternate`` ``(tensor, group=None) -> new tensor``: the sum over ranks;
+``torch.cat`` of every rank's tensor along dim 0; ``sum.flatten().tensor_split(W)[rank]``;
+the sum again, by passing every rank's original tensor around the ring.  They must be built
+from point-to-point calls looked up on ``torch.distributed`` at call time (that is how the
+messages are counted).
+
+Capability "ring collectives".  The contract is the issue's list: results equal
+torch.distributed's collectives (exactly for integer values, within the oracle otherwise),
+W 1..4 on gloo, any dtype, sizes not divisible by W; messages, peers and bytes per rank
+equal the formulas of ``reference`` (with the time model beside them).  Extras: subgroups
+(global ranks of the peers), mismatched shapes across ranks as a clear error on every rank.
+
+``check_law`` runs one law; ``rejection(law_name, target_spec, max_examples)`` is the mutant
+self-test's runner.
+"""
+
+from __future__ import annotations
+
+from hypothesis import Phase, given, note, settings
+
+from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.laws.ring_collectives import checks
+from conformance.laws.ring_collectives.strategies import mismatch_cases, ring_cases, subgroup_cases
+from conformance.target import load_target
+
+CAPABILITY = "ring collectives"
+CONTROL = "impl"
+DEFAULT_EXAMPLES = 10
+
+LAWS = (
+    Law("results_equal_torch_distributed_collectives", CAPABILITY, CONTRACT,
+        cases=lambda device=None: ring_cases(), check=checks.check_values, needs=("ranks",)),
+    Law("messages_and_bytes_per_rank_equal_the_ring_formulas", CAPABILITY, CONTRACT,
+        cases=lambda device=None: ring_cases(), check=checks.check_messages, needs=("ranks",)),
+    Law("subgroups_use_their_own_ring_of_global_ranks", CAPABILITY, API,
+        cases=lambda device=None: subgroup_cases(), check=lambda s, c: (checks.check_values(s, c), checks.check_messages(s, c)),
+        needs=("3 ranks",), extra="subgroups"),
+    Law("mismatched_shapes_across_ranks_are_a_clear_error_on_every_rank", CAPABILITY, API,
+        cases=lambda device=None: mismatch_cases(), check=checks.check_mismatch, needs=("2 ranks",),
+        extra="mismatched shapes"),
+)
+LAWS_BY_NAME = by_name(LAWS)
+
+
+def check_law(law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
+    load_target(subject).factory("ring_all_reduce")  # not offered: say so before any rank starts
+    options = dict(extra_settings)
+    if max_examples is not None:
+        options["max_examples"] = max_examples
+
+    @settings(**options)
+    @given(case=law.cases(device=device))
+    def run(case):
+        note(f"case: {case}")
+        law.check(subject, case)
+
+    run()
+
+
+MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True, deadline=None)
+
+
+def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
+    """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes."""
+    try:
+        check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS)
+    except AssertionError as exc:
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return None

@@ -1,0 +1,105 @@
+"""Functions run on every rank (module level: the harness pickles them by reference), and the
+probe that counts a rank's point-to-point messages.
+
+``P2PLog`` (a context manager) replaces ``torch.distributed``'s ``isend``, ``irecv``,
+``send``, ``recv`` and ``batch_isend_irecv`` in this process by wrappers that log
+``(kind, peer global rank, bytes)`` and call the originals; an implementation that looks
+them up on ``torch.distributed`` at call time is counted, every message.  Collectives are
+not point-to-point and are not logged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from conformance.laws.ring_collectives import reference
+from conformance.laws.ring_collectives.strategies import RingCase
+from conformance.target import load_target
+
+_NAMES = ("isend", "irecv", "send", "recv", "batch_isend_irecv")
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+class P2PLog:
+    def __init__(self):
+        self.log = []  # ("send"|"recv", peer, nbytes)
+
+    def __enter__(self):
+        self._saved = {n: getattr(dist, n) for n in _NAMES}
+        orig = self._saved
+
+        def wrap(name, kind):
+            def call(tensor, *args, **kwargs):
+                peer = args[0] if args else kwargs.get("dst", kwargs.get("src"))
+                self.log.append((kind, peer, _nbytes(tensor)))
+                return orig[name](tensor, *args, **kwargs)
+
+            call.__name__ = name
+            return call
+
+        def batch(ops):
+            for op in ops:
+                fname = getattr(op.op, "__name__", "")
+                kind = "send" if "send" in fname else "recv"
+                self.log.append((kind, op.peer, _nbytes(op.tensor)))
+            return orig["batch_isend_irecv"](ops)
+
+        for name, kind in (("isend", "send"), ("send", "send"), ("irecv", "recv"), ("recv", "recv")):
+            setattr(dist, name, wrap(name, kind))
+        dist.batch_isend_irecv = batch
+        return self
+
+    def __exit__(self, *exc):
+        for n, f in self._saved.items():
+            setattr(dist, n, f)
+
+
+def run_case(ctx, target_spec: str, case: RingCase, torch_reference: bool = True):
+    """On every rank: the target's collective on this rank's input, its messages, and torch's
+    own collective on the same input (the eager result in this dtype)."""
+    group, members = None, tuple(range(ctx.world_size))
+    if case.members:
+        group, members = dist.new_group(list(case.members)), case.members
+        if ctx.rank not in members:
+            dist.barrier()
+            return None
+    grank = members.index(ctx.rank)
+    world = len(members)
+    x = reference.rank_input(case, grank).to(ctx.device)
+    fn = load_target(target_spec).factory(case.op)
+    keep = x.clone()
+    with P2PLog() as probe:
+        out = fn(x, group)
+    assert torch.equal(x, keep), f"{case.op} wrote into its input"
+    eager = _torch_collective(case.op, x, group, world, grank) if torch_reference else None
+    ring = [members[(grank + 1) % world], members[(grank - 1) % world]]
+    if case.members:
+        dist.barrier()
+    return {"out": out, "eager": eager, "log": probe.log, "ring": ring, "group_rank": grank, "world": world}
+
+
+def _torch_collective(op: str, x, group, world: int, grank: int):
+    if op == "ring_all_gather":
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(parts, dim=0)
+    total = x.clone()
+    dist.all_reduce(total, group=group)
+    if op == "ring_reduce_scatter":
+        return total.flatten().tensor_split(world)[grank]
+    return total
+
+
+def run_mismatch(ctx, target_spec: str, case: RingCase):
+    """Every rank calls with its own (possibly different) shape; returns the error it raised."""
+    x = reference.rank_input(case, ctx.rank).to(ctx.device)
+    fn = load_target(target_spec).factory(case.op)
+    try:
+        out = fn(x, None)
+    except (ValueError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return f"returned {tuple(out.shape)}"

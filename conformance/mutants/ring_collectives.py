@@ -1,0 +1,141 @@
+"""Deliberately broken ring collectives: the suite must reject every one.
+
+Each mutant is a target (``--target conformance.mutants.ring_collectives:last_step_skipped``)
+offering the four ring entry points: impl's, with one decision changed in a copy of the
+piece it breaks.  Each names the laws (``conformance.laws.ring_collectives.laws``) that must
+reject it; ``conformance/selftests/test_mutants.py`` checks that they do.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from conformance.lawbook import Mutant
+from impl.collectives import ring
+from impl.collectives.ring import _agree, _all_gather_chunks, _group_info, _step
+
+CAPABILITY = "ring collectives"
+
+
+def _rs_chunks(chunks, world, rank, nxt, prv, group, send_shift=1, steps=None, whole=None):
+    for t in range(world - 1 if steps is None else steps):
+        send = chunks[(rank - t - send_shift) % world]
+        into = chunks[(rank - t - 2) % world]
+        if whole is not None:  # the whole buffer goes out; only the chunk is used
+            buf = torch.empty_like(whole)
+            _step(whole, buf, nxt, prv, group)
+            into.add_(buf.tensor_split(world)[(rank - t - 2) % world])
+            continue
+        buf = torch.empty_like(into)
+        _step(send, buf, nxt, prv, group)
+        into.add_(buf)
+
+
+def _target(rs=None, alternate=None, peers=None, agree=_agree):
+    def reduce_scatter(tensor, group=None, _all=False):
+        world, rank, nxt, prv = (peers or _group_info)(group)
+        flat = tensor.detach().reshape(-1).clone()
+        if world == 1:
+            return flat.reshape(tensor.shape) if _all else flat
+        agree(tensor, group, "ring")
+        chunks = flat.tensor_split(world)
+        if rs == "whole":
+            _whole(chunks, world, rank, nxt, prv, group, flat)
+        else:
+            (rs or _rs_chunks)(chunks, world, rank, nxt, prv, group)
+        if _all:
+            _all_gather_chunks(chunks, world, rank, nxt, prv, group)
+            return flat.reshape(tensor.shape)
+        return chunks[rank].clone()
+
+    def all_gather(tensor, group=None):
+        world, rank, nxt, prv = (peers or _group_info)(group)
+        if world == 1:
+            return tensor.detach().clone()
+        agree(tensor, group, "ring")
+        out = torch.empty((world * tensor.numel(),), dtype=tensor.dtype, device=tensor.device)
+        chunks = out.tensor_split(world)
+        chunks[rank].copy_(tensor.detach().reshape(-1))
+        _all_gather_chunks(chunks, world, rank, nxt, prv, group)
+        return out.reshape((world * tensor.shape[0],) + tuple(tensor.shape[1:]))
+
+    def alt(tensor, group=None):
+        if alternate is None and peers is None and agree is _agree:
+            return ring.ring_all_reduce_alternate(tensor, group)
+        world, rank, nxt, prv = (peers or _group_info)(group)
+        total = tensor.detach().clone().contiguous()
+        if world == 1:
+            return total
+        agree(tensor, group, "ring")
+        passing = total.clone()
+        for _ in range(world - 1):
+            incoming = torch.empty_like(passing)
+            _step(passing, incoming, nxt, prv, group)
+            total.add_(incoming)
+            passing = total.clone() if alternate == "partial" else incoming
+        return total
+
+    return SimpleNamespace(
+        ring_all_reduce=lambda t, group=None: reduce_scatter(t, group, _all=True),
+        ring_all_gather=all_gather,
+        ring_reduce_scatter=reduce_scatter,
+        ring_all_reduce_alternate=alt,
+    )
+
+
+def _own_twice(chunks, world, rank, nxt, prv, group):
+    own = chunks[rank].clone()
+    _rs_chunks(chunks, world, rank, nxt, prv, group)
+    chunks[rank].add_(own)
+
+
+def _whole(chunks, world, rank, nxt, prv, group, whole):
+    _rs_chunks(chunks, world, rank, nxt, prv, group, whole=whole)
+
+
+def _group_ranks_as_global(group):
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    return world, rank, (rank + 1) % world, (rank - 1) % world
+
+
+def _numel_only(tensor, group, what):
+    """Agrees on the number of elements only: a shape that differs at equal size slips by."""
+    n = torch.tensor([tensor.numel(), -tensor.numel()], dtype=torch.int64, device=tensor.device)
+    dist.all_reduce(n, op=dist.ReduceOp.MAX, group=group)
+    if n[0].item() != -n[1].item():
+        raise ValueError(f"{what}: ranks disagree on the shape: this rank has {tuple(tensor.shape)}")
+
+
+chunk_index_off_by_one = _target(rs=lambda c, w, r, n, p, g: _rs_chunks(c, w, r, n, p, g, send_shift=0))
+last_step_skipped = _target(rs=lambda c, w, r, n, p, g: _rs_chunks(c, w, r, n, p, g, steps=w - 2))
+own_chunk_added_twice = _target(rs=_own_twice)
+alternate_forwards_partial_sums = _target(alternate="partial")
+sends_whole_buffer_each_step = _target(rs="whole")
+group_ranks_used_as_global = _target(peers=_group_ranks_as_global)
+agrees_on_size_not_shape = _target(agree=_numel_only)
+
+_M = "conformance.mutants.ring_collectives:"
+_VALUES = "results_equal_torch_distributed_collectives"
+_COUNTS = "messages_and_bytes_per_rank_equal_the_ring_formulas"
+MUTANTS = (
+    Mutant("chunk_index_off_by_one", CAPABILITY, "reduce-scatter sends chunk r - t instead of r - t - 1",
+           (_VALUES,), _M + "chunk_index_off_by_one"),
+    Mutant("last_step_skipped", CAPABILITY, "reduce-scatter stops one step early", (_VALUES, _COUNTS),
+           _M + "last_step_skipped"),
+    Mutant("own_chunk_added_twice", CAPABILITY, "a rank adds its own chunk into its result twice", (_VALUES,),
+           _M + "own_chunk_added_twice"),
+    Mutant("alternate_forwards_partial_sums", CAPABILITY,
+           "the alternate ring passes its running sum on instead of the original tensors", (_VALUES,),
+           _M + "alternate_forwards_partial_sums"),
+    Mutant("sends_whole_buffer_each_step", CAPABILITY,
+           "reduce-scatter sends the whole buffer every step (right sums, W times the bytes)", (_COUNTS,),
+           _M + "sends_whole_buffer_each_step"),
+    Mutant("group_ranks_used_as_global", CAPABILITY, "peers are group ranks passed where global ranks are due",
+           ("subgroups_use_their_own_ring_of_global_ranks",), _M + "group_ranks_used_as_global"),
+    Mutant("agrees_on_size_not_shape", CAPABILITY,
+           "ranks compare element counts only: equal-size different shapes go through",
+           ("mismatched_shapes_across_ranks_are_a_clear_error_on_every_rank",), _M + "agrees_on_size_not_shape"),
+)
