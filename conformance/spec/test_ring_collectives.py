@@ -1,0 +1,44 @@
+"""Ring collectives: fixed spec cases against ``--target`` (capability rows of the report).
+
+Contract cases: each collective on W = 1..4 for a size W divides, one it does not, one
+smaller than W (empty chunks), integer and floating dtypes; results against
+torch.distributed's collectives and messages against the ring formulas.  Then the extras:
+a subgroup, and ranks whose shapes differ.
+"""
+
+import pytest
+
+from conformance.laws.ring_collectives import checks
+from conformance.laws.ring_collectives.strategies import OPS, RingCase
+
+pytestmark = pytest.mark.distributed
+
+SIZES = {"divisible": (12,), "ragged-2d": (5, 3), "smaller-than-W": (1, 2)}
+CASES = [(w, size, dtype) for w in (1, 2, 3, 4) for size in SIZES for dtype in ("int64", "float32")] + [
+    (4, "ragged-2d", "bfloat16"), (3, "divisible", "float64")]
+
+
+@pytest.mark.parametrize("w, size, dtype", CASES, ids=[f"W{w}-{s}-{d}" for w, s, d in CASES])
+@pytest.mark.parametrize("op", OPS)
+def test_contract_result_equals_torch_distributed(op, w, size, dtype, target):
+    checks.check_values(target.spec, RingCase(op, w, SIZES[size], dtype, seed=7 + w))
+
+
+@pytest.mark.parametrize("w, size", [(2, "divisible"), (3, "ragged-2d"), (4, "smaller-than-W")])
+@pytest.mark.parametrize("op", OPS)
+def test_contract_messages_and_bytes_follow_the_ring_formulas(op, w, size, target):
+    checks.check_messages(target.spec, RingCase(op, w, SIZES[size], "float32", seed=3))
+
+
+@pytest.mark.parametrize("members", [(1, 3), (0, 2, 3)], ids=["ranks-1-3", "ranks-0-2-3"])
+def test_subgroup_of_four_ranks(members, target):
+    case = RingCase("all", 4, (5, 2), "int64", seed=5, members=members)
+    checks.check_values(target.spec, case)
+    checks.check_messages(target.spec, case)
+
+
+@pytest.mark.parametrize("shapes", [((2, 3), (3, 2)), ((2, 3), (2, 4)), ((4,), (4,), (2, 2))],
+                         ids=["transposed", "longer", "same-size-other-rank"])
+@pytest.mark.parametrize("op", OPS)
+def test_mismatched_shapes_are_a_clear_error_on_every_rank(op, shapes, target):
+    checks.check_mismatch(target.spec, RingCase(op, len(shapes), shapes[0], "float32", seed=1, shapes=shapes))
