@@ -178,3 +178,122 @@ def test_fsdp_model_states_at_rest_are_the_zero3_share(world_size, strategy):
             assert held > expected + slack, f"rank {rank}: replicated model states ({held} bytes) pass for a ZeRO-3 share"
             continue
         assert expected <= held <= expected + slack, f"rank {rank}: {held} bytes after the step, ZeRO-3 share {expected:.0f} (+ at most {slack})"
+
+
+# --- communication: the formulas against what impl's wrappers send in one step -------------
+
+from conformance.accounting import communication as comm  # noqa: E402
+
+
+def rank_step_traffic(ctx, wrapper: str, strategy: str | None = None):
+    """One training step of the FSDP laws' model under impl's ``wrapper``: the calls made
+    after wrapping (construction's broadcast excluded), with their payloads."""
+    import impl
+    from conformance.accounting.observe import recording
+    from conformance.laws.fsdp import model as fsdp_models
+    from conformance.laws.fsdp.strategies import FSDPCase
+
+    torch.manual_seed(0)
+    case = FSDPCase(world_size=ctx.world_size, vocab=37, widths=(24, 40, 24), norms=True, tied=False, frozen=None, compute=None,
+                    optimizer="AdamW", lr=0.01, steps=1, batch_per_rank=2, seq=4, seed=3)
+    base = fsdp_models.build(case)
+    if wrapper == "fsdp":
+        model = impl.get_fsdp_strategy(base, strategy)
+        finish, params = impl.fsdp_on_after_backward, model.parameters()
+    elif wrapper in ("ddp_individual", "ddp_sharded"):
+        model = impl.get_ddp_individual_parameters(base)
+        finish, params = impl.ddp_individual_parameters_on_after_backward, model.parameters()
+    else:
+        model = impl.get_ddp_bucketed(base, 0.001)  # 1 kB buckets: several
+        finish, params = impl.ddp_bucketed_on_after_backward, model.parameters()
+    opt = torch.optim.AdamW(params, lr=0.01)
+    if wrapper == "ddp_sharded":
+        opt = impl.get_sharded_optimizer(model.parameters(), torch.optim.AdamW, lr=0.01)
+    ids, labels = fsdp_models.batch(case, 0, 0)
+    sl = fsdp_models.rank_slice(case, ctx.rank)
+    with recording() as events:
+        fsdp_models.loss_of(model(ids[sl]), labels[sl]).backward()
+        finish(model, opt)
+        opt.step()
+    buckets = len(getattr(model, "buckets", None) or getattr(model, "_buckets", None) or []) if wrapper == "ddp_bucketed" else None
+    return {"events": list(events), "buckets": buckets}
+
+
+def _traffic(events) -> tuple[dict, dict]:
+    counts, payload = {}, {}
+    for name, nbytes in events:
+        k = comm.kind(name)
+        counts[k] = counts.get(k, 0) + 1
+        payload[k] = payload.get(k, 0) + nbytes
+    return counts, payload
+
+
+def _model_numels():
+    from conformance.laws.fsdp import model as fsdp_models
+    from conformance.laws.fsdp.strategies import FSDPCase
+
+    case = FSDPCase(world_size=1, vocab=37, widths=(24, 40, 24), norms=True, tied=False, frozen=None, compute=None,
+                    optimizer="AdamW", lr=0.01, steps=1, batch_per_rank=2, seq=4, seed=3)
+    model = fsdp_models.build(case)
+    units = [sum(p.numel() for p in m._parameters.values() if p is not None and p.dim() == 2)
+             for m in model.modules() if any(p is not None and p.dim() == 2 for p in m._parameters.values())]
+    replicated = [p.numel() for p in model.parameters() if p.dim() < 2]
+    return units, replicated, [p.numel() for p in model.parameters()]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("strategy, stage", [("FULL_SHARD", 3), ("SHARD_GRAD_OP", 2), ("NO_SHARD", 0)])
+def test_fsdp_step_sends_what_the_zero_formulas_say(world_size, strategy, stage):
+    """Calls and payloads of one step of impl's FSDP equal ``communication.fsdp_step``
+    exactly, and its ring wire bytes are the ZeRO stage's (2 or 3) x (W - 1) / W x Psi over
+    the padded units plus the all-reduce of the unsharded gains."""
+    from conformance.harness import require_world_size, run_on_ranks
+
+    require_world_size(world_size)
+    units, replicated, _ = _model_numels()
+    expected = comm.fsdp_step(units, replicated, world_size, strategy)
+    psi = 4 * sum(comm.padded(n, world_size) for n in units) if stage else 4 * sum(units)
+    gains = comm.wire_bytes("all_reduce", 4 * sum(replicated), world_size)
+    for rank, res in enumerate(run_on_ranks(rank_step_traffic, world_size, "fsdp", strategy, timeout=180)):
+        counts, payload = _traffic(res["events"])
+        assert (counts, payload) == (expected.counts, expected.payload), f"rank {rank}: {res['events']}"
+        assert expected.wire(world_size) == pytest.approx(comm.zero_step_wire(psi, world_size, stage) + gains)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("wrapper", ["ddp_individual", "ddp_bucketed"])
+def test_ddp_step_all_reduces_every_gradient_once(wrapper):
+    """DDP: all-reduces whose payloads add up to every gradient's bytes, one a parameter
+    (or one a bucket), 2 (W - 1) / W x Psi on the wire, plus impl's presence flags (4 bytes
+    a parameter)."""
+    from conformance.harness import require_world_size, run_on_ranks
+
+    require_world_size(2)
+    _, _, numels = _model_numels()
+    for rank, res in enumerate(run_on_ranks(rank_step_traffic, 2, wrapper, timeout=180)):
+        expected = comm.ddp_step(numels, 4, buckets=res["buckets"], presence_flags=True)
+        counts, payload = _traffic(res["events"])
+        assert (counts, payload) == (expected.counts, expected.payload), f"rank {rank}: {res['events']}"
+        assert expected.wire(2) == comm.zero_step_wire(4 * sum(numels) + 4 * len(numels), 2, 0)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_zero1_step_adds_one_all_gather_of_every_parameter(world_size):
+    """ZeRO-1 (impl's sharded optimizer over DDP): DDP's all-reduces, then one all-gather of
+    every rank's equal slot: at least Psi and at most W (Psi / W + largest + alignment),
+    so at least 3 (W - 1) / W x Psi on the wire."""
+    from conformance.harness import require_world_size, run_on_ranks
+
+    require_world_size(world_size)
+    _, _, numels = _model_numels()
+    ddp = comm.ddp_step(numels, 4, presence_flags=True)
+    lo, hi = comm.zero1_allgather_payload_bounds([4 * n for n in numels], world_size)
+    for rank, res in enumerate(run_on_ranks(rank_step_traffic, world_size, "ddp_sharded", timeout=180)):
+        counts, payload = _traffic(res["events"])
+        assert counts == {**ddp.counts, "all_gather": 1}, f"rank {rank}: {res['events']}"
+        assert payload["all_reduce"] == ddp.payload["all_reduce"], f"rank {rank}: {res['events']}"
+        assert lo <= payload["all_gather"] <= hi, f"rank {rank}: all-gather of {payload['all_gather']} bytes, bounds [{lo}, {hi:.0f}]"
+        wire = comm.Traffic(counts, payload).wire(world_size)
+        assert wire >= comm.zero_step_wire(4 * sum(numels), world_size, 1)

@@ -39,7 +39,7 @@ KEPT = {
     "conformance.mutants.checkpointing": ("conformance.laws.checkpointing.laws", "conformance.laws.checkpointing.laws", 1),
     "conformance.mutants.ring_collectives": ("conformance.laws.ring_collectives.laws", "conformance.laws.ring_collectives.laws", 2),
     "conformance.mutants.grad_scaler": ("conformance.laws.grad_scaler.laws", "conformance.laws.grad_scaler.laws", 2),
-    "conformance.mutants.sampler": ("conformance.laws.sampler.laws", "conformance.laws.sampler.laws", 1),
+    "conformance.mutants.sampler": ("conformance.laws.sampler.laws", "conformance.laws.sampler.laws", 2),
 }
 # Mutants sharing a scaffold of their own (a re-implementation with bug switches) have that
 # scaffold, every switch right, as a second control: mutants module -> (name prefix, target).
