@@ -62,6 +62,33 @@ Beyond the course, entry points of the same shape (stable: others write adapters
         summed; the step's loss is their sum divided once by normalizer (default: the batch
         size); gradients add into .grad (accumulation: pass the count over all steps)
 
+  activation checkpointing
+    get_checkpointed_blocks(blocks, strategy, segment_size=None) -> module whose forward(x)
+        runs the blocks in order; strategy "none", "every", "segments" (segment_size blocks a
+        checkpoint, the last shorter), "sqrt" (one level, k near sqrt(N)) or "nested"; the
+        blocks' own parameters, no copies
+
+  ring collectives (every rank of the group calls, with its own tensor; group None = default)
+    ring_all_reduce(tensor, group=None)            -> the element-wise sum, same shape and dtype
+    ring_all_gather(tensor, group=None)            -> torch.cat of every rank's tensor along dim 0
+    ring_reduce_scatter(tensor, group=None)        -> sum.flatten().tensor_split(W)[rank]
+    ring_all_reduce_alternate(tensor, group=None)  -> the sum; every rank passes the original
+        chunks on and accumulates (the handout's alternate ring)
+
+  mixed precision with data parallelism
+    get_distributed_grad_scaler(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+        growth_interval=2000, group=None) -> torch.amp.GradScaler's contract (scale, unscale_,
+        step, update, get_scale) with the non-finite flag agreed across the group; step
+        returns True if it stepped, False if it skipped; a second unscale_ before update raises
+    first_nonfinite_gradient(model, group=None) -> name of the first parameter (named_parameters
+        order) whose gradient holds a NaN or Inf on any rank, the same on every rank; or None
+
+  data partitioning
+    get_distributed_sampler(dataset_len, num_replicas, rank, shuffle=True, seed=0,
+        drop_last=False) -> indices with set_epoch(epoch) and __len__ (torch's padding rule)
+    ddp_join(model) -> context manager for a get_ddp model: ranks with fewer batches shadow
+        the collectives; the average divides by the initial world size
+
 A factory that is missing, or that raises ``NotImplementedError``, means "not offered":
 the checks that need it are reported as not offered, never as passed or crashed.
 
