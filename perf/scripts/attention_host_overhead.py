@@ -1,0 +1,110 @@
+"""Where the time goes at short sequences: host time per call, the Python functions that
+take it, and the device time of each kernel, for our Triton attention and torch SDPA.
+
+    python perf/scripts/attention_host_overhead.py [--out DIR] [--seq 128 512] [--calls 200]
+
+Host time: ``perf_counter`` around ``calls`` launches with no synchronisation inside the
+loop (what the CPU spends issuing the work), then one synchronise.  If host time per call
+exceeds the device time per call, the pass is launch-bound and the GPU idles between
+kernels.  ``cProfile`` of the backward launches names the Python functions responsible;
+the torch profiler gives each kernel's device time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def _inputs(n, batch=8, heads=16, d=64, dtype=torch.bfloat16):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    return q, k, v, do
+
+
+def host_us(fn, calls):
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / calls * 1e6
+    return host, wall
+
+
+def kernels(fn, calls=20):
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" and getattr(e, "device_time_total", 0) > 0:
+            out[e.key[:80]] = round(e.device_time_total / calls, 2)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="perf-out")
+    p.add_argument("--seq", nargs="+", type=int, default=[128, 512])
+    p.add_argument("--calls", type=int, default=200)
+    a = p.parse_args()
+    from impl.attention.flash_triton import FlashAttentionTriton
+
+    impls = {"triton": lambda q, k, v: FlashAttentionTriton.apply(q, k, v, True),
+             "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    for n in a.seq:
+        q, k, v, do = _inputs(n)
+        for name, attn in impls.items():
+            o = attn(q, k, v)
+            fwd = lambda: attn(q, k, v)  # noqa: E731
+            bwd = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
+            row = {"forward_host_us": host_us(fwd, a.calls), "backward_host_us": host_us(bwd, a.calls),
+                   "forward_kernels_us": kernels(fwd), "backward_kernels_us": kernels(bwd)}
+            if name == "triton":
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(a.calls):
+                    bwd()
+                prof.disable()
+                s = io.StringIO()
+                pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+                row["backward_profile"] = s.getvalue()
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(a.calls):
+                    fwd()
+                prof.disable()
+                s = io.StringIO()
+                pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(15)
+                row["forward_profile"] = s.getvalue()
+            result[f"{name} N={n}"] = row
+            print(name, n, {k: v for k, v in row.items() if "profile" not in k}, flush=True)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "host_overhead.json").write_text(json.dumps(result, indent=1))
+    for key, row in result.items():
+        if isinstance(row, dict) and "backward_profile" in row:
+            (out / f"profile_{key.replace(' ', '_').replace('=', '')}.txt").write_text(row["forward_profile"] + "\n\n" + row["backward_profile"])
+
+
+if __name__ == "__main__":
+    main()
