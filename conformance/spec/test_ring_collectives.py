@@ -14,7 +14,7 @@ from conformance.laws.ring_collectives.strategies import OPS, RingCase
 pytestmark = pytest.mark.distributed
 
 SIZES = {"divisible": (12,), "ragged-2d": (5, 3), "smaller-than-W": (1, 2)}
-CASES = [(w, size, dtype) for w in (1, 2, 3, 4) for size in SIZES for dtype in ("int64", "float32")] + [
+CASES = [(w, size, "int64") for w in (1, 2, 3, 4) for size in SIZES] + [(w, "ragged-2d", "float32") for w in (2, 3, 4)] + [
     (4, "ragged-2d", "bfloat16"), (3, "divisible", "float64")]
 
 
