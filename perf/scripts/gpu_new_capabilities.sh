@@ -15,7 +15,7 @@ step() {  # step NAME SECONDS command...
   echo "$name exit $? $((SECONDS - t0)) s: $(tail -n 1 "$OUT/$name.log")" >> "$OUT/summary.txt"
 }
 step checkpointing_bench "${CKPT_S:-240}" python -m perf.bench.checkpointing
-step grad_scaler_bench "${SCALER_S:-90}" python -m perf.bench.grad_scaler
+step grad_scaler_bench "${SCALER_S:-90}" python -m perf.bench.grad_scaler --world-size 1
 step laws "${LAWS_S:-200}" python -m pytest properties/test_checkpointing.py properties/test_grad_scaler.py \
     properties/test_sampler.py properties/test_ring_collectives.py conformance/spec/test_checkpointing.py \
     conformance/spec/test_grad_scaler.py -n 8 -p no:cacheprovider -q --device cuda --hypothesis-profile ci
