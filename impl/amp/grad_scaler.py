@@ -120,11 +120,25 @@ class DistributedGradScaler:
 
     @torch.no_grad()
     def _unscale_grads(self, grads) -> torch.Tensor:
-        inv = 1.0 / self._scale  # float64 reciprocal; exact for a power of two
-        local = any(not bool(torch.isfinite(g).all()) for g in grads)
+        """Multiply every gradient by 1 / scale (exact for a power of two) and return this
+        rank's flag (1.0 if any gradient held a NaN or Inf), without a host sync: one fused
+        check-and-unscale per (device, dtype), torch's own kernel, where it has one."""
+        flag_device = _flag_device(grads, self.group)
+        found = torch.zeros(1, dtype=torch.float32, device=flag_device)
+        groups: dict[tuple, list[torch.Tensor]] = {}
         for g in grads:
-            g.mul_(inv)
-        return torch.tensor([1.0 if local else 0.0], dtype=torch.float32, device=_flag_device(grads, self.group))
+            groups.setdefault((g.device, g.dtype), []).append(g)
+        for (device, _), gs in groups.items():
+            f = torch.zeros(1, dtype=torch.float32, device=device)
+            inv = torch.full((1,), 1.0 / self._scale, dtype=torch.float32, device=device)
+            try:
+                torch._amp_foreach_non_finite_check_and_unscale_(gs, f, inv)
+            except (RuntimeError, NotImplementedError):  # a dtype or device without the fused kernel
+                f = torch.stack([(~torch.isfinite(g)).any() for g in gs]).any().float().reshape(1)
+                for g in gs:
+                    g.mul_(1.0 / self._scale)
+            found = torch.maximum(found, f.to(flag_device))
+        return found
 
     def unscale_(self, optimizer) -> None:
         state = self._state(optimizer)
