@@ -179,6 +179,8 @@ MODULES: dict[str, Callable[[Check], str]] = {
     "conformance.spec.test_grad_scaler": fixed("gradient scaler"),
     "properties.test_sampler": fixed("distributed sampler"),
     "conformance.spec.test_sampler": fixed("distributed sampler"),
+    "properties.test_composed": fixed("composed parallelism"),
+    "conformance.spec.test_composed": fixed("composed parallelism"),
     # facts about torch and impl's model in low precision (no target offers them)
     "properties.test_precision_facts": fixed(SELF),
 }
@@ -200,6 +202,7 @@ FAMILY_MODULES = {
     "ring collectives": ("conformance.spec.test_ring_collectives", "properties.test_ring_collectives"),
     "gradient scaler": ("conformance.spec.test_grad_scaler", "properties.test_grad_scaler"),
     "distributed sampler": ("conformance.spec.test_sampler", "properties.test_sampler"),
+    "composed parallelism": ("conformance.spec.test_composed", "properties.test_composed"),
 }
 
 

@@ -133,6 +133,7 @@ CAPABILITY_FACTORIES = {
     "ring collectives": ("ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "ring_all_reduce_alternate"),
     "gradient scaler": ("get_distributed_grad_scaler", "first_nonfinite_gradient"),
     "distributed sampler": ("get_distributed_sampler",),
+    "composed parallelism": ("get_parallel_mesh", "composed_train_step"),
 }
 
 ALL_FACTORY_NAMES = (

@@ -40,13 +40,14 @@ KEPT = {
     "conformance.mutants.ring_collectives": ("conformance.laws.ring_collectives.laws", "conformance.laws.ring_collectives.laws", 2),
     "conformance.mutants.grad_scaler": ("conformance.laws.grad_scaler.laws", "conformance.laws.grad_scaler.laws", 2),
     "conformance.mutants.sampler": ("conformance.laws.sampler.laws", "conformance.laws.sampler.laws", 2),
+    "conformance.mutants.composed": ("conformance.laws.composed.laws", "conformance.laws.composed.laws", 4),
 }
 # Mutants sharing a scaffold of their own (a re-implementation with bug switches) have that
 # scaffold, every switch right, as a second control: mutants module -> (name prefix, target).
 SCAFFOLD_CONTROLS = {"conformance.mutants.tensor_parallel": ("ce_", "conformance.mutants.tensor_parallel:ce_right")}
 MIN_MUTANTS = {"attention": 10, "DDP": 8, "sharded optimizer": 6, "FSDP": 8, "context parallel": 8,
                "tensor parallel": 6, "pipeline parallel": 6, "activation checkpointing": 5, "ring collectives": 4,
-               "gradient scaler": 6, "distributed sampler": 3}
+               "gradient scaler": 6, "distributed sampler": 3, "composed parallelism": 4}
 
 
 def _exists(module: str) -> bool:
