@@ -131,3 +131,24 @@ def tensor_parallel_block(tokens: int, width: int, elem_bytes: int, sequence_par
     if sequence_parallel:
         return Traffic({"all_gather": 4, "reduce_scatter": 4}, {"all_gather": 4 * s, "reduce_scatter": 4 * s})
     return Traffic({"all_reduce": 4}, {"all_reduce": 4 * s})
+
+
+def pipeline_stage_messages(stage: int, n_stages: int, n_microbatches: int, activation_bytes: int,
+                            header_bytes: int = 80) -> tuple[int, int]:
+    """(sends, bytes sent) of one pipeline stage in one step: each of the m micro-batches'
+    activations to the next stage (unless last) and its gradient to the previous one (unless
+    first).  impl sends a message as a header of 10 int64 (dtype, ndim, sizes) then the
+    tensor: two sends of ``header_bytes`` and ``activation_bytes``."""
+    messages = n_microbatches * ((stage < n_stages - 1) + (stage > 0))
+    return 2 * messages, messages * (header_bytes + activation_bytes)
+
+
+def ring_attention_sends(world_size: int, kv_bytes: int, accumulator_bytes: int) -> tuple[int, int, int, int]:
+    """(forward sends, forward bytes, backward sends, backward bytes) of one rank in ring
+    attention as impl does it: forward, W - 1 exchanges of its current K and V (one buffer
+    of ``kv_bytes`` = 2 |K|); backward, the same W - 1 K/V exchanges plus W exchanges of the
+    dK/dV accumulator (``accumulator_bytes`` = 2 |K| in float32) that ends on its owner."""
+    w = world_size
+    if w == 1:
+        return 0, 0, 0, 0
+    return w - 1, (w - 1) * kv_bytes, (w - 1) + w, (w - 1) * kv_bytes + w * accumulator_bytes

@@ -297,3 +297,98 @@ def test_zero1_step_adds_one_all_gather_of_every_parameter(world_size):
         assert lo <= payload["all_gather"] <= hi, f"rank {rank}: all-gather of {payload['all_gather']} bytes, bounds [{lo}, {hi:.0f}]"
         wire = comm.Traffic(counts, payload).wire(world_size)
         assert wire >= comm.zero_step_wire(4 * sum(numels), world_size, 1)
+
+
+def rank_tensor_parallel_block_traffic(ctx, batch: int, seq: int):
+    """Forward and backward of impl's tensor-parallel block on replicated (B, T, C) input."""
+    import impl
+    from conformance.accounting.observe import recording
+    from impl.models.gpt import Block
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(16, 40, 1, 4, vocab_size=11, context_length=seq)
+    block = impl.get_tensor_parallel_block(Block(cfg))
+    x = torch.randn(batch, seq, cfg.d_model, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    with recording() as forward:
+        y = block(x)
+    with recording() as backward:
+        y.backward(torch.ones_like(y))
+    return {"forward": list(forward), "backward": list(backward), "width": cfg.d_model}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_tensor_parallel_block_all_reduces_four_activations_per_step(world_size):
+    """A Megatron block: 2 all-reduces of B x T x C activations in forward (after the
+    attention output and the MLP down projection) and 2 in backward (before the
+    column-parallel inputs), whatever W."""
+    from conformance.harness import require_world_size, run_on_ranks
+
+    require_world_size(world_size)
+    batch, seq = 2, 5
+    for rank, res in enumerate(run_on_ranks(rank_tensor_parallel_block_traffic, world_size, batch, seq, timeout=120)):
+        expected = comm.tensor_parallel_block(batch * seq, res["width"], 4)
+        counts, payload = _traffic(res["forward"] + res["backward"])
+        assert (counts, payload) == (expected.counts, expected.payload), f"rank {rank}: {res}"
+        assert len(res["forward"]) == len(res["backward"]) == 2, f"rank {rank}: {res}"
+
+
+def rank_pipeline_traffic(ctx, n_microbatches: int, schedule: str):
+    import impl
+    from conformance.accounting.observe import recording
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(6, 6) for _ in range(2 * ctx.world_size)]
+    start, stop = 2 * ctx.rank, 2 * ctx.rank + 2
+    stage = torch.nn.Sequential(*layers[start:stop])
+    g = torch.Generator().manual_seed(2)
+    inputs, targets = torch.randn(8, 6, generator=g), torch.randn(8, 6, generator=g)
+    plan = impl.get_pipeline_schedule(schedule, ctx.world_size, n_microbatches)
+    loss_fn = lambda out, tgt: ((out - tgt) ** 2).sum()  # noqa: E731
+    with recording() as events:
+        impl.pipeline_train_step(stage, plan, inputs, targets, loss_fn, n_microbatches)
+    return {"events": list(events)}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size, n_microbatches, schedule", [(2, 1, "afab"), (2, 4, "1f1b"), (3, 2, "1f1b"), (4, 8, "afab")])
+def test_pipeline_stage_sends_one_activation_and_one_gradient_per_microbatch(world_size, n_microbatches, schedule):
+    """Per step and stage boundary, m activations forward and m gradients back (each a
+    header and the tensor), for either schedule."""
+    from conformance.harness import require_world_size, run_on_ranks
+
+    require_world_size(world_size)
+    micro_rows = 8 // n_microbatches
+    for rank, res in enumerate(run_on_ranks(rank_pipeline_traffic, world_size, n_microbatches, schedule, timeout=120)):
+        sends = [b for name, b in res["events"] if name in ("send", "isend")]
+        expected = comm.pipeline_stage_messages(rank, world_size, n_microbatches, 4 * micro_rows * 6)
+        assert (len(sends), sum(sends)) == expected, f"rank {rank}: {res['events']}"
+
+
+def rank_ring_attention_traffic(ctx, heads: int, shard: int, d: int):
+    import impl
+    from conformance.accounting.observe import recording
+
+    g = torch.Generator().manual_seed(ctx.rank)
+    q, k, v = (torch.randn(1, heads, shard, d, generator=g, requires_grad=True) for _ in range(3))
+    ring = impl.get_ring_attention_autograd_function()
+    with recording() as forward:
+        o = ring.apply(q, k, v, True, None, "contiguous")
+    with recording() as backward:
+        o.backward(torch.ones_like(o))
+    return {"forward": list(forward), "backward": list(backward), "kv_bytes": 2 * k.numel() * 4}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_ring_attention_passes_kv_w_minus_one_times_and_the_accumulator_w_times(world_size):
+    """Forward: W - 1 sends of the rank's current K and V; backward: W - 1 again plus W of
+    the dK/dV accumulator (float32) that ends on its owner."""
+    from conformance.harness import require_world_size, run_on_ranks
+
+    require_world_size(world_size)
+    for rank, res in enumerate(run_on_ranks(rank_ring_attention_traffic, world_size, 2, 3, 4, timeout=120)):
+        fwd = [b for name, b in res["forward"] if name in ("send", "isend")]
+        bwd = [b for name, b in res["backward"] if name in ("send", "isend")]
+        expected = comm.ring_attention_sends(world_size, res["kv_bytes"], res["kv_bytes"])
+        assert (len(fwd), sum(fwd), len(bwd), sum(bwd)) == expected, f"rank {rank}: {res}"
