@@ -326,3 +326,29 @@ def ring_all_reduce_alternate(tensor, group=None):
     from .collectives import ring_all_reduce_alternate as run
 
     return run(tensor, group)
+
+
+# --- parallelisms composed on a device mesh ------------------------------------------
+#   get_parallel_mesh(dims, order=("pp", "dp", "cp", "tp")) -> mesh over the default group
+#       (collective on first call; cached): .group(d), .size(d), .rank(d), .ranks(d) for a
+#       dimension name or a tuple of names; sizes multiply to W; row-major over ``order``,
+#       the last dimension's groups consecutive ranks (impl.mesh)
+#   composed_train_step(model, mesh, inputs, targets, *, lr=0.1, data_parallel="ddp",
+#       n_microbatches=1, schedule="1f1b", ignore_index=-100) -> result with .loss (global,
+#       normalised once by the batch's token count), .grads and .params (dense names,
+#       gathered; gradients before, parameters after one SGD step); model an
+#       impl.models.gpt.GPT, inputs/targets the whole batch on every rank; tp, pp, dp
+#       ("ddp" or "fsdp") from the mesh; cp must be 1 (impl.composed)
+
+
+def get_parallel_mesh(dims, order=("pp", "dp", "cp", "tp")):
+    from .mesh import get_parallel_mesh as mesh
+
+    return mesh(dims, order)
+
+
+def composed_train_step(model, mesh, inputs, targets, *, lr=0.1, data_parallel="ddp", n_microbatches=1, schedule="1f1b", ignore_index=-100):
+    from .composed import composed_train_step as step
+
+    return step(model, mesh, inputs, targets, lr=lr, data_parallel=data_parallel, n_microbatches=n_microbatches,
+                schedule=schedule, ignore_index=ignore_index)

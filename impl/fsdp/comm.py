@@ -32,10 +32,12 @@ def all_reduce_sum(tensor: torch.Tensor, group, async_op: bool):
     return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
 
 
-def broadcast_from_first(tensor: torch.Tensor) -> None:
-    """Rank 0 of the default group sends ``tensor`` to every rank (in place)."""
-    if dist.get_world_size() > 1:
-        dist.broadcast(tensor, src=0)
+def broadcast_from_first(tensor: torch.Tensor, group=None) -> None:
+    """The first rank of ``group`` (None: the default group) sends ``tensor`` to every
+    rank of the group (in place)."""
+    if dist.get_world_size(group) > 1:
+        src = 0 if group is None else dist.get_global_rank(group, 0)
+        dist.broadcast(tensor, src=src, group=group)
 
 
 def hybrid_groups(shard_size: int):

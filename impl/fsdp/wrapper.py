@@ -2,10 +2,15 @@
 
 Contract
     ``FSDP(module, *, strategy="FULL_SHARD", compute_dtype=None, reduce_dtype=None,
-    unit_classes=None, shard_group_size=None)`` is a ``torch.nn.Module`` around ``module``
-    (kept as ``.module``).  The default ``torch.distributed`` group must be initialised
-    (gloo on the CPU, NCCL on GPUs); every rank wraps the same architecture.  Wrapping
-    broadcasts rank 0's parameters and buffers, so the ranks start identical.
+    unit_classes=None, shard_group_size=None, group=None)`` is a ``torch.nn.Module`` around
+    ``module`` (kept as ``.module``).  The default ``torch.distributed`` group must be
+    initialised (gloo on the CPU, NCCL on GPUs); every rank wraps the same architecture.
+    ``group``: the process group FSDP shards and reduces over (None: the default group);
+    W below is its size, and every collective FSDP issues stays inside it (how FSDP is
+    composed with tensor or pipeline parallelism: FSDP over the data-parallel group of a
+    mesh).  HYBRID_SHARD builds its groups from the default group and takes no ``group``.
+    Wrapping broadcasts the parameters and buffers of the group's first rank to the group,
+    so its ranks start identical.
 
 Which parameters are sharded
     Every parameter with two or more dimensions (Linear and Embedding weights: the
@@ -149,6 +154,7 @@ class FSDP(nn.Module):
         reduce_dtype: torch.dtype | None = None,
         unit_classes=None,
         shard_group_size: int | None = None,
+        group=None,
     ):
         super().__init__()
         if not dist.is_available() or not dist.is_initialized():
@@ -166,16 +172,20 @@ class FSDP(nn.Module):
         if len(devices) > 1:
             raise ValueError(f"all parameters must live on one device, found {sorted(map(str, devices))}")
 
+        if group is not None and strategy == "HYBRID_SHARD":
+            raise ValueError("HYBRID_SHARD builds its shard and replicate groups over the default group; pass group=None")
         self.module = module
         self.strategy = strategy
-        self.world_size = dist.get_world_size()
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        whole = group if group is not None else dist.group.WORLD
         self.compute_dtype = compute_dtype or torch.float32
         self.reduce_dtype = reduce_dtype or torch.float32
         if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
-            self.shard_group, self.replicate_group = (dist.group.WORLD if self.world_size > 1 else None), None
+            self.shard_group, self.replicate_group = (whole if self.world_size > 1 else None), None
             self.shard_size = self.world_size
         elif strategy == "NO_SHARD":
-            self.shard_group, self.replicate_group = None, (dist.group.WORLD if self.world_size > 1 else None)
+            self.shard_group, self.replicate_group = None, (whole if self.world_size > 1 else None)
             self.shard_size = 1
         else:
             size = shard_group_size or (2 if self.world_size % 2 == 0 else self.world_size)
@@ -190,7 +200,7 @@ class FSDP(nn.Module):
 
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
-                comm.broadcast_from_first(t.data)
+                comm.broadcast_from_first(t.data, group)
         self._build_units(module, unit_classes)
         self._register_hooks()
 
@@ -422,7 +432,7 @@ class FSDP(nn.Module):
     def _on_replicated_grad(self, p: torch.Tensor) -> None:
         if not self._sync or self.world_size == 1:
             return
-        work = comm.all_reduce_sum(p.grad, None, async_op=True)
+        work = comm.all_reduce_sum(p.grad, self.group, async_op=True)
         self._pending_reductions.append((p, work, None, False))
 
     def finish_gradient_synchronization(self) -> None:

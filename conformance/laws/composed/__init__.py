@@ -1,0 +1,1 @@
+"""Laws of parallelisms composed on a device mesh (capability "composed parallelism")."""
