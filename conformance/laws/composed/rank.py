@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -62,3 +63,33 @@ def step_on_rank(ctx, spec, case):
         res = t.call("composed_train_step", model, mesh, ids.to(ctx.device), tgt.to(ctx.device), lr=case.lr,
                      data_parallel=case.data_parallel, n_microbatches=case.n_microbatches, ignore_index=case.ignore_index)
     return {"loss": res.loss, "grads": res.grads, "params": res.params, "groups": groups, "collectives": log}
+
+
+def checked_step_on_rank(ctx, spec, case_fields: dict):
+    """The parity law checked inside one rank (for launches without the pool, e.g.
+    ``torchrun`` across hosts): run the composed step, compare this rank's gathered loss,
+    gradients and parameters with one process on the whole batch (the oracle), and
+    return a summary.  ``case_fields``: ``ComposedCase`` fields as JSON (sizes as pairs)."""
+    from conformance.oracle import assert_close
+
+    from .strategies import ComposedCase
+
+    fields = dict(case_fields)
+    fields["sizes"] = tuple(tuple(p) for p in fields["sizes"])
+    if "order" in fields:
+        fields["order"] = tuple(fields["order"])
+    case = ComposedCase(**fields)
+    if case.world != ctx.world_size:
+        raise ValueError(f"the mesh {case.dims} needs {case.world} ranks, this launch has {ctx.world_size}")
+    res = step_on_rank(ctx, spec, case)
+    loss64, g64, p64 = ref.dense_step(case, ref.F64)
+    loss32, g32, p32 = ref.dense_step(case, ref.F32)
+    mags = ref.magnitudes(case)
+    assert_close(f"rank {ctx.rank}: loss", res["loss"].reshape(()).cpu(), loss64.reshape(()), loss32.reshape(()))
+    for name in g64:
+        assert_close(f"rank {ctx.rank}: gradient of {name}", res["grads"][name].cpu(), g64[name], g32[name], magnitude=mags[name])
+        assert_close(f"rank {ctx.rank}: parameter {name}", res["params"][name].cpu(), p64[name], p32[name],
+                     magnitude=p64[name].abs() + case.lr * mags[name])
+    reductions = sorted({(n, r) for n, r, _ in res["collectives"] if n == "all_reduce"})
+    return {"host": os.environ.get("GROUP_RANK", "?"), "loss": float(res["loss"]), "dense_loss_f64": float(loss64),
+            "groups": res["groups"], "parameters_checked": len(g64), "all_reduce_groups": [list(r) for _, r in reductions]}
