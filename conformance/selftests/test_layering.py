@@ -40,7 +40,7 @@ def _under(module: str, packages) -> bool:
 def layer_of(module: str) -> str:
     if _under(module, ("impl",)):
         return "impl"
-    if module in MECHANISMS or module == "conformance":
+    if module in MECHANISMS or module == "conformance" or _under(module, ("conformance.accounting",)):
         return "mechanism"
     if _under(module, ("conformance.laws",)):
         return "laws"
