@@ -78,3 +78,28 @@ def by_name(laws) -> dict[str, Law]:
             raise ValueError(f"two laws named {law.name!r}")
         table[law.name] = law
     return table
+
+
+# Settings of a mutant run: the explicit examples then generated ones, reproducible (no
+# example database, derandomised), no shrinking (a rejection needs no minimal example).
+MUTANT_SETTINGS = dict(phases=("explicit", "generate"), database=None, derandomize=True, deadline=None)
+
+
+def mutant_settings(**overrides) -> dict:
+    """MUTANT_SETTINGS as Hypothesis takes them (its Phase values), with ``overrides``."""
+    from hypothesis import Phase
+
+    out = {**MUTANT_SETTINGS, **overrides}
+    out["phases"] = [getattr(Phase, p) if isinstance(p, str) else p for p in out["phases"]]
+    return out
+
+
+def first_failure_line(run: Callable[[], None]) -> str | None:
+    """Run one law's check; the first line of its failure (an AssertionError: the oracle's,
+    a RankFailure, a RankTimeout), or None if it passed.  What the mutant self-test asks of
+    every capability's ``rejection``."""
+    try:
+        run()
+    except AssertionError as exc:
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return None

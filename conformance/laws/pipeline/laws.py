@@ -20,10 +20,10 @@ runner: the first line of the law's failure on the target, or None.
 
 from __future__ import annotations
 
-from hypothesis import Phase, given, note, settings
+from hypothesis import given, note, settings
 
 from conformance.harness import resolve_device
-from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings
 from conformance.verdicts import Verdict
 from conformance.laws.pipeline import checks
 from conformance.laws.pipeline.strategies import pipeline_cases, schedule_cases
@@ -94,7 +94,7 @@ def check_law(law: Law, subject: str, device=None, max_examples: int | None = No
         raise declined[0]
 
 
-MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
+MUTANT_SETTINGS = mutant_settings()
 
 
 def mutant_examples(law_name: str) -> int:
@@ -105,8 +105,4 @@ def mutant_examples(law_name: str) -> int:
 
 def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
     """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes."""
-    try:
-        check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS)
-    except AssertionError as exc:
-        return (str(exc).splitlines() or [type(exc).__name__])[0]
-    return None
+    return first_failure_line(lambda: check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS))

@@ -18,11 +18,11 @@ under a watchdog timeout: a hang is a failure with a message, never a stuck suit
 from __future__ import annotations
 
 import torch
-from hypothesis import Phase, given, note, settings
+from hypothesis import given, note, settings
 
 from conformance import oracle
 from conformance.harness import require_world_size, resolve_device, run_on_ranks
-from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings
 from conformance.laws.sampler import checks, reference
 from conformance.laws.sampler.rank import rank_uneven_training
 from conformance.laws.sampler.strategies import MIN_LEN_FOR_REORDER, sampler_cases, uneven_cases
@@ -88,7 +88,7 @@ def check_law(law: Law, subject: str, device=None, max_examples: int | None = No
         raise declined[0]
 
 
-MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
+MUTANT_SETTINGS = mutant_settings()
 DEFAULT_EXAMPLES = 30
 
 
@@ -98,8 +98,4 @@ def mutant_examples(law_name: str) -> int:
 
 def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
     """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes."""
-    try:
-        check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS)
-    except AssertionError as exc:
-        return (str(exc).splitlines() or [type(exc).__name__])[0]
-    return None
+    return first_failure_line(lambda: check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS))
