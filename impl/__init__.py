@@ -337,8 +337,9 @@ def ring_all_reduce_alternate(tensor, group=None):
 #       n_microbatches=1, schedule="1f1b", ignore_index=-100) -> result with .loss (global,
 #       normalised once by the batch's token count), .grads and .params (dense names,
 #       gathered; gradients before, parameters after one SGD step); model an
-#       impl.models.gpt.GPT, inputs/targets the whole batch on every rank; tp, pp, dp
-#       ("ddp" or "fsdp") from the mesh; cp must be 1 (impl.composed)
+#       impl.models.gpt.GPT, inputs/targets the whole batch on every rank; tp, pp, cp
+#       (ring attention, contiguous chunks), dp ("ddp" or "fsdp") from the mesh; gradients
+#       averaged over the (dp, cp) replica group (impl.composed)
 
 
 def get_parallel_mesh(dims, order=("pp", "dp", "cp", "tp")):

@@ -40,6 +40,10 @@ def test_the_loss_is_normalised_once_by_the_global_token_count_when_ranks_hold_u
     check_law(_law("loss_is_normalised_once_by_the_global_token_count"), target.spec, device, max_examples=examples(4))
 
 
+def test_context_parallel_chunks_under_pipeline_stages_and_data_parallelism_match_one_process(target, device):
+    check_law(_law("context_parallel_chunks_under_pipeline_stages_match_one_process"), target.spec, device, max_examples=examples(4))
+
+
 def test_a_three_dimensional_pp_dp_tp_step_on_eight_ranks_matches_one_process(target, device):
     check_law(_law("three_dimensional_pp_dp_tp_step_matches_one_process"), target.spec, device, max_examples=examples(1))
 

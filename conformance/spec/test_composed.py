@@ -1,8 +1,9 @@
 """Composed parallelism: fixed spec cases against ``--target`` (the main job).
 
-Contract first: a 2 x 2 mesh's groups; DP x TP, FSDP x TP and DP x PP steps on 4 ranks
-against one process on the whole batch.  Then wider cases: ignored targets with uneven
-token counts across data-parallel ranks, and the 3-D mesh PP x DP x TP on 8 ranks.
+Contract first: a 2 x 2 mesh's groups; DP x TP, FSDP x TP, DP x PP and TP x CP steps on 4
+ranks against one process on the whole batch.  Then wider cases: ignored targets with
+uneven token counts across data-parallel ranks, CP under pipeline stages, and the 3-D
+mesh PP x DP x TP on 8 ranks.
 """
 
 import pytest
@@ -28,6 +29,7 @@ def test_contract_a_dp_2_by_tp_2_mesh_has_the_documented_groups(target):
     pytest.param((("dp", 2), ("tp", 2)), "ddp", id="dp2_tp2"),
     pytest.param((("dp", 2), ("tp", 2)), "fsdp", id="fsdp2_tp2"),
     pytest.param((("pp", 2), ("dp", 2)), "ddp", id="pp2_dp2"),
+    pytest.param((("cp", 2), ("tp", 2)), "ddp", id="cp2_tp2"),
 ])
 def test_contract_composed_step_on_four_ranks_matches_one_process(target, sizes, dp_kind):
     checks.check_parity(target.spec, _case(sizes, dp_kind))
@@ -35,6 +37,10 @@ def test_contract_composed_step_on_four_ranks_matches_one_process(target, sizes,
 
 def test_ignored_targets_uneven_across_data_parallel_ranks_normalise_by_the_global_count(target):
     checks.check_parity(target.spec, _case((("dp", 2), ("tp", 2)), ignore_fraction=0.6))
+
+
+def test_context_parallel_chunks_under_two_pipeline_stages_match_one_process(target):
+    checks.check_parity(target.spec, _case((("pp", 2), ("cp", 2))))
 
 
 def test_three_dimensional_pp_dp_tp_mesh_on_eight_ranks_matches_one_process(target):

@@ -1,5 +1,5 @@
 """Parallelisms composed on a mesh (``impl.mesh``): DP x TP, FSDP x TP, DP x PP, PP x TP,
-PP x DP x TP, on the GPT-style model of ``impl.models.gpt``.
+TP x CP, PP x CP, DP x CP, PP x DP x TP, on the GPT-style model of ``impl.models.gpt``.
 
     step    ``Composer`` and ``composed_train_step`` (its docstring is the contract)
 """

@@ -10,22 +10,28 @@ Contract
     mesh       from ``impl.mesh.get_parallel_mesh``; dims tp (tensor parallel: impl's
                Megatron-style GPT over ``mesh.group("tp")``), pp (pipeline: consecutive
                blocks per stage, embeddings on the first, final norm and head on the
-               last; ``impl.pipeline`` over ``mesh.group("pp")``), dp (data parallel over
-               ``mesh.group("dp")``).  cp must be 1 (not composed here).
+               last; ``impl.pipeline`` over ``mesh.group("pp")``), cp (context parallel:
+               each rank holds a contiguous chunk of N / cp tokens of every sequence,
+               position embeddings at its absolute positions, attention as ring attention
+               (``impl.context_parallel``) over ``mesh.group("cp")``), dp (data parallel).
+               The replicas of a parameter are the ranks of ``mesh.group(("dp", "cp"))``
+               (just dp when cp = 1): same parameters, different tokens.
     inputs, targets
                the whole global batch (B, N) int64, the same on every rank; dp rank i
-               takes rows [i B / dp, (i + 1) B / dp) (B divisible by dp); targets equal to
-               ``ignore_index`` do not count.
+               takes rows [i B / dp, (i + 1) B / dp) (B divisible by dp), cp rank j the
+               columns [j N / cp, (j + 1) N / cp); targets equal to ``ignore_index`` do
+               not count.
     data_parallel
-               "ddp": gradients all-reduced (sum) over the dp group and divided by dp;
-               "fsdp": impl's FSDP (FULL_SHARD) wraps the (tensor-parallel) model over the
-               dp group (not with pp > 1).
+               "ddp": gradients all-reduced (sum) over the replica group and divided by
+               its size R; "fsdp": impl's FSDP (FULL_SHARD) wraps the (tensor-parallel)
+               model over the replica group (not with pp > 1).
     Loss       every rank sums the cross-entropy of its tokens (vocabulary-parallel when
-               tp > 1) and scales it by dp / T, T the number of targets that count in the
+               tp > 1) and scales it by R / T, T the number of targets that count in the
                whole batch (known on every rank: the batch is replicated); averaging the
-               gradients over dp then gives the gradient of (sum over the batch) / T, the
-               loss normalised once by the global token count.  The reported loss is
-               (sum over dp ranks of their sums) / T, broadcast from the last stage.
+               gradients over the R replicas then gives the gradient of (sum over the
+               batch) / T, the loss normalised once by the global token count.  The
+               reported loss is (sum over the replicas of their sums) / T, broadcast from
+               the last stage.
     Step       plain SGD (``torch.optim.SGD(lr=lr)``) on each rank's own parameters
                (FSDP: its shards).
     Returns    ``ComposedResult(loss, grads, params)``: the loss (0-d fp32) and the dense
@@ -36,12 +42,14 @@ Contract
                tp: the tensor-parallel layers' all-reduces (activations and their
                gradients) and the gathers of the dense view; pp: point-to-point sends of
                activations and gradients, one broadcast of the loss, one all_gather_object
-               of the dense view; dp: the gradient reduction (per parameter all-reduce or
-               FSDP's all-gathers and reduce-scatters) and one all-reduce of the loss sum.
-               Gradients are reduced over the dp group only.
+               of the dense view; cp: ring attention's point-to-point K/V exchanges and
+               one small all_gather of metadata per call; replicas (dp x cp): the gradient
+               reduction (per parameter all-reduce or FSDP's all-gathers and
+               reduce-scatters) and one all-reduce of the loss sum.  Gradients are
+               reduced over the replica group only (never over tp or pp).
 
 ``Composer`` holds each decision as a method (the token count, the local loss scale, the
-gradient reduction) so that a variant can change one of them.
+replica dimensions, the positions of a rank's tokens, the gradient reduction) so that a variant can change one of them.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from impl.models import gpt
 from impl.pipeline import partition, pipeline_train_step
 from impl.tensor_parallel import TensorParallelGPT, vocab_parallel_cross_entropy
 from impl.tensor_parallel import comm as tp_comm
+from impl.tensor_parallel.model import TensorParallelAttention
 
 DATA_PARALLEL = ("ddp", "fsdp")
 
@@ -74,9 +83,10 @@ class PipelineStage(nn.Module):
     the embeddings on the first stage and the final norm and head on the last.  Parameter
     names are the whole model's (``blocks.<i>...``)."""
 
-    def __init__(self, model: nn.Module, stage: int, n_stages: int):
+    def __init__(self, model: nn.Module, stage: int, n_stages: int, positions: torch.Tensor | None = None):
         super().__init__()
         lo, hi = partition(len(model.blocks), n_stages)[stage]
+        self.positions = positions  # this rank's token positions (context parallelism); None: 0..n-1
         self.first, self.last = stage == 0, stage == n_stages - 1
         self.context_length = model.cfg.context_length
         if self.first:
@@ -88,10 +98,51 @@ class PipelineStage(nn.Module):
     def forward(self, x):
         if self.first:
             n = x.shape[1]
-            x = self.tok(x) + self.pos(torch.arange(n, device=x.device))
+            pos = self.positions if self.positions is not None else torch.arange(n, device=x.device)
+            if pos.numel() != n:
+                raise ValueError(f"{n} tokens but {pos.numel()} positions")
+            x = self.tok(x) + self.pos(pos.to(x.device))
         for block in self.blocks.values():
             x = block(x)
         return self.head(self.ln_f(x)) if self.last else x
+
+
+def _ring(q, k, v, group):
+    from impl.context_parallel.ring import RingAttention
+
+    return RingAttention.apply(q, k, v, True, group, "contiguous")
+
+
+class _RingDenseAttention(gpt.CausalSelfAttention):
+    """``gpt.CausalSelfAttention`` whose attention runs as ring attention over ``cp_group``."""
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=-1)
+        q, k, v = (t.view(b, n, self.n_heads, c // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        y = _ring(q, k, v, self.cp_group)
+        return self.proj(y.transpose(1, 2).reshape(b, n, c))
+
+
+class _RingTensorParallelAttention(TensorParallelAttention):
+    """The tensor-parallel attention (this rank's heads) with ring attention over ``cp_group``."""
+
+    def forward(self, x):
+        qkv = self.qkv(x)
+        b, n, c3 = qkv.shape
+        q, k, v = qkv.split(c3 // 3, dim=-1)
+        q, k, v = (t.view(b, n, self.local_heads, c3 // 3 // self.local_heads).transpose(1, 2) for t in (q, k, v))
+        y = _ring(q, k, v, self.cp_group)
+        return self.proj(y.transpose(1, 2).reshape(b, n, c3 // 3))
+
+
+def context_parallel_attention(model: nn.Module, group) -> None:
+    """Make every block's attention of ``model`` (dense or tensor-parallel GPT) ring
+    attention over ``group``, in place; parameters and their names unchanged."""
+    for block in model.blocks:
+        attn = block.attn
+        attn.__class__ = _RingTensorParallelAttention if isinstance(attn, TensorParallelAttention) else _RingDenseAttention
+        attn.cp_group = group
 
 
 def _tp_specs(module: nn.Module) -> dict:
@@ -139,16 +190,29 @@ class Composer:
         """T: the targets that count in the whole (replicated) batch, not this rank's."""
         return int((targets != ignore_index).sum())
 
+    def replica_dims(self, mesh) -> tuple:
+        """The dimensions whose ranks hold the same parameters and different tokens: dp,
+        and cp when the sequence is split."""
+        return ("dp", "cp") if mesh.size("cp") > 1 else ("dp",)
+
     def loss_scale(self, mesh, count: int) -> float:
-        """What a rank's summed loss is multiplied by before backward: dp / T."""
-        return mesh.size("dp") / count
+        """What a rank's summed loss is multiplied by before backward: R / T, R the
+        replicas (dp x cp) whose gradients are then averaged."""
+        return mesh.size(self.replica_dims(mesh)) / count
+
+    def positions(self, mesh, seq_len: int, device) -> torch.Tensor:
+        """This rank's token positions: its contiguous chunk of the sequence under cp."""
+        n = seq_len // mesh.size("cp")
+        start = mesh.rank("cp") * n
+        return torch.arange(start, start + n, device=device)
 
     def reduce_gradients(self, params, mesh) -> None:
-        """DDP path: average every gradient over the dp group."""
-        dp = mesh.size("dp")
+        """DDP path: average every gradient over the replica group (dp, and cp)."""
+        dims = self.replica_dims(mesh)
+        dp = mesh.size(dims)
         if dp == 1:
             return
-        group = mesh.group("dp")
+        group = mesh.group(dims)
         for p in params:
             if p.grad is not None:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
@@ -170,8 +234,8 @@ class Composer:
             raise ValueError(f"data_parallel must be one of {DATA_PARALLEL}, got {data_parallel!r}")
         if inputs.dim() != 2 or targets.shape != inputs.shape or inputs.dtype != torch.int64:
             raise ValueError(f"inputs and targets must be (B, N) int64 of one shape, got {tuple(inputs.shape)} {inputs.dtype} and {tuple(targets.shape)}")
-        if mesh.size("cp") != 1:
-            raise ValueError(f"context parallelism is not composed here: cp must be 1, got {mesh.size('cp')}")
+        if inputs.shape[1] % mesh.size("cp"):
+            raise ValueError(f"sequence length {inputs.shape[1]} is not divisible by the context-parallel size {mesh.size('cp')}")
         dp, tp, pp = mesh.size("dp"), mesh.size("tp"), mesh.size("pp")
         if inputs.shape[0] % dp:
             raise ValueError(f"batch size {inputs.shape[0]} is not divisible by the data-parallel size {dp}")
@@ -187,7 +251,8 @@ class Composer:
 
     def step(self, model, mesh, inputs, targets, *, lr=0.1, data_parallel="ddp", n_microbatches=1, schedule="1f1b", ignore_index=-100):
         self.check(model, mesh, inputs, targets, data_parallel, n_microbatches)
-        dp, tp, pp = mesh.size("dp"), mesh.size("tp"), mesh.size("pp")
+        dp, tp, pp, cp = mesh.size("dp"), mesh.size("tp"), mesh.size("pp"), mesh.size("cp")
+        replicas = self.replica_dims(mesh)
         device = next(model.parameters()).device
         inputs, targets = inputs.to(device), targets.to(device)
         vocab = model.cfg.vocab_size
@@ -196,6 +261,8 @@ class Composer:
         dense = copy.deepcopy(model)
         local = TensorParallelGPT(dense, tp_group) if tp > 1 else dense
         specs = _tp_specs(local) if tp > 1 else {}
+        if cp > 1:
+            context_parallel_attention(local, mesh.group("cp"))
 
         def loss_sum(logits, y):
             if tp > 1:
@@ -205,12 +272,17 @@ class Composer:
         rows = inputs.shape[0] // dp
         r = mesh.rank("dp")
         x, y = inputs[r * rows : (r + 1) * rows], targets[r * rows : (r + 1) * rows]
+        positions = None
+        if cp > 1:
+            positions = self.positions(mesh, inputs.shape[1], device)
+            n_local, c = inputs.shape[1] // cp, mesh.rank("cp")
+            x, y = x[:, c * n_local : (c + 1) * n_local], y[:, c * n_local : (c + 1) * n_local]
         count = self.token_count(targets, y, ignore_index, mesh)
         scale = self.loss_scale(mesh, count)
 
         fsdp = None
         if pp > 1:
-            module = PipelineStage(local, mesh.rank("pp"), pp)
+            module = PipelineStage(local, mesh.rank("pp"), pp, positions)
             out = pipeline_train_step(module, schedule, x, y, loss_sum, n_microbatches, group=mesh.group("pp"), normalizer=1.0 / scale)
             last = mesh.rank("pp") == pp - 1
             local_sum = torch.zeros((), dtype=torch.float32, device=device) if not last else (out.detach().float() / scale).reshape(())
@@ -220,11 +292,13 @@ class Composer:
             if data_parallel == "fsdp":
                 from impl.fsdp import FSDP
 
-                module = fsdp = FSDP(local, group=mesh.group("dp") if dp > 1 else None) if dp > 1 else None
+                stage = PipelineStage(local, 0, 1, positions)
+                n_rep = mesh.size(replicas)
+                module = fsdp = FSDP(stage, group=mesh.group(replicas)) if n_rep > 1 else None
                 if fsdp is None:
-                    module = local
+                    module = stage
             else:
-                module = local
+                module = PipelineStage(local, 0, 1, positions)
             s = loss_sum(module(x), y)
             (s * scale).backward()
             local_sum = s.detach().float().reshape(())
@@ -232,8 +306,8 @@ class Composer:
         self.synchronise(module, fsdp, mesh)
 
         total = local_sum.clone()
-        if dp > 1:
-            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mesh.group("dp"))
+        if mesh.size(replicas) > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mesh.group(replicas))
         loss = total / count
 
         grads = self.dense_view(module, fsdp, specs, mesh, grads=True)

@@ -65,13 +65,15 @@ def check_parity(subject, case):
 
 
 def check_collectives(subject, case):
-    """Reductions run over the rank's tensor-parallel group, its data-parallel group or its
-    pipeline group only (never a group mixing other coordinates); with dp > 1 the
-    gradients are reduced over the dp group."""
+    """Reductions run over the rank's tensor-parallel group, its replica group (dp, or
+    dp x cp when the sequence is split; its dp group alone where the target reduces in
+    two stages) or its pipeline group only (never a group mixing other coordinates); with
+    replicas (dp x cp > 1) something is reduced over them."""
     results = _run(subject, case)
     for r, res in enumerate(results):
         groups = res["groups"]
-        allowed = {tuple(sorted(groups[d])): d for d in ("tp", "dp", "pp") if len(groups[d]) > 1}
+        allowed = {tuple(sorted(groups[d])): d for d in ("tp", "pp", "dp", "cp", "replicas") if len(groups[d]) > 1}
+        replica_groups = {d for d in ("replicas",) if len(groups[d]) > 1}
         over = {}
         for name, ranks, numel in res["collectives"]:
             if name not in REDUCTIONS or len(ranks) == 1:
@@ -79,8 +81,9 @@ def check_collectives(subject, case):
             if ranks not in allowed:
                 raise AssertionError(f"rank {r}: {name} of {numel} element(s) over ranks {list(ranks)}, which is none of its mesh groups {{{', '.join(f'{d}: {list(g)}' for g, d in allowed.items())}}}")
             over[allowed[ranks]] = over.get(allowed[ranks], 0) + numel
-        if case.size("dp") > 1 and not over.get("dp"):
-            raise AssertionError(f"rank {r}: dp = {case.size('dp')} but nothing was reduced over its dp group {groups['dp']}")
+        for d in replica_groups:
+            if not over.get(d) and not (d == "replicas" and case.size("cp") == 1 and over.get("dp")):
+                raise AssertionError(f"rank {r}: {case.size('dp') * case.size('cp')} replicas (dp x cp) but nothing was reduced over them ({groups[d]})")
     check_parity_from(case, results)
 
 

@@ -10,9 +10,10 @@ A target offers
         step, gathered), the same on every rank.
 
 Capability "composed parallelism".  Contract: the mesh laws, parity of the composed step
-with one process on the whole batch (DP x TP, FSDP x TP, DP x PP, PP x TP on up to 4
-ranks), and reductions over the mesh's groups only.  Extras: the loss normalised once by
-the global token count when ignored targets leave the data-parallel ranks uneven, and the
+with one process on the whole batch (DP x TP, FSDP x TP, DP x PP, PP x TP, TP x CP on up
+to 4 ranks), and reductions over the mesh's groups only.  Extras: the loss normalised once
+by the global token count when ignored targets leave the data-parallel ranks uneven, CP
+under pipeline stages and with DP / FSDP, and the
 3-D case PP x DP x TP on 8 ranks (the CPU harness holds at most 8 ranks, so the 4-D case
 2 x 2 x 2 x 2 is not run).
 
@@ -42,6 +43,9 @@ LAWS = (
     Law("loss_is_normalised_once_by_the_global_token_count", CAPABILITY, API,
         cases=lambda device=None: composed_cases(kinds=("dp_x_tp", "fsdp_x_tp", "dp_x_pp"), ignore=True, uneven_dp=True),
         check=checks.check_parity, needs=("ranks",), extra="ignored targets, uneven token counts across data-parallel ranks"),
+    Law("context_parallel_chunks_under_pipeline_stages_match_one_process", CAPABILITY, API,
+        cases=lambda device=None: composed_cases(kinds=("pp_x_cp", "dp_x_cp")), check=checks.check_parity,
+        needs=("ranks",), extra="context parallelism under pipeline stages and with data parallelism (positions offset per chunk)"),
     Law("three_dimensional_pp_dp_tp_step_matches_one_process", CAPABILITY, API,
         cases=lambda device=None: composed_cases(kinds=("pp_x_dp_x_tp",)), check=checks.check_parity,
         needs=("ranks",), extra="3-D mesh PP x DP x TP on 8 ranks"),

@@ -56,6 +56,7 @@ def step_on_rank(ctx, spec, case):
     t = load_target(spec)
     mesh = t.call("get_parallel_mesh", case.dims, case.order)
     groups = {d: list(mesh.ranks(d)) for d in case.order}
+    groups["replicas"] = list(mesh.ranks(("dp", "cp")))
     model = ref.model(case).to(ctx.device)
     ids, tgt = ref.batch(case)
     log = []

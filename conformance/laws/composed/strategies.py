@@ -62,22 +62,26 @@ def mesh_cases(draw, max_world: int = 8):
     return MeshCase(tuple(sizes), order)
 
 
-# compositions: (sizes, data parallel kind); W <= 4 except the 3-D case
+# compositions: (sizes, data parallel kind); W <= 4 except the 3-D case; the sequence
+# length is a multiple of cp
 COMPOSITIONS = {
     "dp_x_tp": [((("dp", 2), ("tp", 2)), "ddp"), ((("dp", 2), ("tp", 1)), "ddp"), ((("dp", 1), ("tp", 2)), "ddp")],
     "fsdp_x_tp": [((("dp", 2), ("tp", 2)), "fsdp"), ((("dp", 2), ("tp", 1)), "fsdp"), ((("dp", 1), ("tp", 2)), "fsdp")],
     "dp_x_pp": [((("pp", 2), ("dp", 2)), "ddp"), ((("pp", 2), ("dp", 1)), "ddp")],
     "pp_x_tp": [((("pp", 2), ("tp", 2)), "ddp")],
+    "tp_x_cp": [((("cp", 2), ("tp", 2)), "ddp"), ((("cp", 2), ("tp", 1)), "ddp")],
+    "pp_x_cp": [((("pp", 2), ("cp", 2)), "ddp")],
+    "dp_x_cp": [((("dp", 2), ("cp", 2)), "ddp"), ((("dp", 2), ("cp", 2)), "fsdp")],
     "pp_x_dp_x_tp": [((("pp", 2), ("dp", 2), ("tp", 2)), "ddp")],
 }
 
 
 @st.composite
-def composed_cases(draw, kinds=("dp_x_tp", "fsdp_x_tp", "dp_x_pp", "pp_x_tp"), ignore=False, uneven_dp=False):
+def composed_cases(draw, kinds=("dp_x_tp", "fsdp_x_tp", "dp_x_pp", "pp_x_tp", "tp_x_cp"), ignore=False, uneven_dp=False):
     kind = draw(st.sampled_from(kinds))
     sizes, dp_kind = draw(st.sampled_from(COMPOSITIONS[kind]))
     d = dict(sizes)
-    dp, tp, pp = d.get("dp", 1), d.get("tp", 1), d.get("pp", 1)
+    dp, tp, pp, cp = d.get("dp", 1), d.get("tp", 1), d.get("pp", 1), d.get("cp", 1)
     if uneven_dp:  # the loss-normalisation law needs several data-parallel ranks
         dp = max(dp, 2)
         d["dp"] = dp
@@ -91,7 +95,7 @@ def composed_cases(draw, kinds=("dp_x_tp", "fsdp_x_tp", "dp_x_pp", "pp_x_tp"), i
     n_mb = draw(st.integers(1, per_rank)) if pp > 1 else 1
     return ComposedCase(
         sizes=tuple(sizes), data_parallel=dp_kind, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim,
-        d_ff=d_ff, vocab_size=draw(st.integers(5, 13)), batch=batch, seq=draw(st.integers(2, 5)),
+        d_ff=d_ff, vocab_size=draw(st.integers(5, 13)), batch=batch, seq=cp * draw(st.integers(1, 4 // cp + 1)) if cp > 1 else draw(st.integers(2, 5)),
         n_microbatches=n_mb, ignore_fraction=draw(st.sampled_from([0.3, 0.6])) if ignore else 0.0,
         seed=draw(st.integers(0, 2**16)),
     )
