@@ -23,10 +23,10 @@ the target, or None (the mutant self-test's runner).
 
 from __future__ import annotations
 
-from hypothesis import Phase, given, note, settings
+from hypothesis import given, note, settings
 
 from conformance.harness import resolve_device
-from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings
 from conformance.laws.composed import checks
 from conformance.laws.composed.strategies import composed_cases, mesh_cases
 
@@ -69,16 +69,9 @@ def check_law(law: Law, subject: str, device=None, max_examples: int | None = No
     run()
 
 
-MUTANT_SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True, deadline=None)
-
-
 def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
     """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes."""
-    try:
-        check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS)
-    except AssertionError as exc:
-        return (str(exc).splitlines() or [type(exc).__name__])[0]
-    return None
+    return first_failure_line(lambda: check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **mutant_settings()))
 
 
 def mutant_examples(law_name: str) -> int:
