@@ -89,6 +89,15 @@ Beyond the course, entry points of the same shape (stable: others write adapters
     ddp_join(model) -> context manager for a get_ddp model: ranks with fewer batches shadow
         the collectives; the average divides by the initial world size
 
+  composed parallelism (every rank calls, with the same model and whole batch)
+    get_parallel_mesh(dims, order=("pp", "dp", "cp", "tp")) -> mesh with .group(d), .size(d),
+        .rank(d), .ranks(d) (d a dim name or a tuple of names); sizes multiply to W; ranks
+        laid out row-major over order (the last dim's groups are neighbouring ranks)
+    composed_train_step(model, mesh, inputs, targets, *, lr=0.1, data_parallel="ddp",
+        n_microbatches=1, schedule="1f1b", ignore_index=-100) -> result with .loss, .grads
+        (dense names, before the step) and .params (after one SGD step), gathered, the same
+        on every rank; the loss normalised once by the global count of tokens that count
+
 A factory that is missing, or that raises ``NotImplementedError``, means "not offered":
 the checks that need it are reported as not offered, never as passed or crashed.
 
