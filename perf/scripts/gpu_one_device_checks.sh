@@ -2,7 +2,8 @@
 # Every capability's checks on one GPU, in one call: attention (bf16 drawn, contract and wider
 # laws, spec cases, kept mutants) and the distributed capabilities at world size 1 on NCCL
 # (their CUDA paths: bf16 FSDP compute, the Triton kernel inside ring attention, pipeline and
-# tensor-parallel layers on the device), then the main job on CUDA.  Logs and reports go to
+# tensor-parallel layers on the device), then the newer capabilities (checkpointing, ring
+# collectives, gradient scaler, sampler, composed parallelism) the same way.  Logs and reports go to
 # $OUT (default gpu-out/); summary.txt has one line per stage.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,4 +24,8 @@ stage attention "${ATTENTION_S:-300}" -n 8 properties/test_attention.py conforma
 stage distributed "${DISTRIBUTED_S:-200}" -n 8 properties/test_fsdp.py properties/test_context_parallel.py \
     properties/test_pipeline.py properties/test_tensor_parallel.py conformance/spec/test_fsdp.py \
     conformance/spec/test_context_parallel.py conformance/spec/test_pipeline.py conformance/spec/test_tensor_parallel.py
+stage newer "${NEWER_S:-150}" -n 8 properties/test_checkpointing.py properties/test_ring_collectives.py \
+    properties/test_grad_scaler.py properties/test_sampler.py properties/test_composed.py conformance/spec/test_checkpointing.py \
+    conformance/spec/test_ring_collectives.py conformance/spec/test_grad_scaler.py conformance/spec/test_sampler.py \
+    conformance/spec/test_composed.py
 cat "$OUT/summary.txt"
