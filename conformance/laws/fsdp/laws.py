@@ -42,14 +42,14 @@ def train(target_spec: str, case: FSDPCase) -> list[dict]:
 
 
 @lru_cache(maxsize=64)
-def _suite_references(case: FSDPCase):
-    return reference.trajectory(case, torch.float32), reference.trajectory(case, torch.float64, casts=False)
+def _suite_references(case: FSDPCase, device: str):
+    return reference.trajectory(case, torch.float32, device=device), reference.trajectory(case, torch.float64, casts=False)
 
 
 def references(case: FSDPCase, results: list[dict]):
     """The fp32 reference and its float64 twin, built from the classes the ranks used: rank 0
     computed them when those were the target's own (``model.course_blocks``)."""
-    return results[0].get("reference") or _suite_references(case)
+    return results[0].get("reference") or _suite_references(case, resolve_device())
 
 
 # --- checks: (target_spec, case) -> None --------------------------------------------------

@@ -49,7 +49,8 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
     out = {"steps": [], "rank": ctx.rank, "blocks": blocks.source}
     if blocks is not models.SUITE_BLOCKS and ctx.rank == 0:
         # the reference must run the same classes; before the target's FSDP touches anything
-        out["reference"] = (reference.trajectory(case, torch.float32, blocks=blocks), reference.trajectory(case, torch.float64, casts=False, blocks=blocks))
+        out["reference"] = (reference.trajectory(case, torch.float32, blocks=blocks, device=device),
+                            reference.trajectory(case, torch.float64, casts=False, blocks=blocks))
     base = models.build(case, device, blocks=blocks)
     matrices = models.matrix_names(base, blocks)
     numels = {n: p.numel() for n, p in base.named_parameters(remove_duplicate=False)}

@@ -7,6 +7,11 @@ order.  Mixed precision: the Linear and Embedding weights are cast to the comput
 for forward and backward (their gradients come back cast to fp32), everything else stays
 fp32: the casts CS336's own FSDP test applies to its single-process model.  The float64
 twin runs the same steps in float64 with no casts.
+
+The fp32 reference runs on the ranks' device (``device``): it is also the oracle's eager
+yardstick, which must be the straightforward computation on the same device (a GPU's
+AdamW and matmuls round differently from the CPU's).  The float64 twin stays on the CPU.
+Snapshots come back on the CPU.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from . import model as models
 from .strategies import FSDPCase, make_optimizer
 
 
-def trajectory(case: FSDPCase, dtype=torch.float32, casts: bool = True, blocks: models.Blocks = models.SUITE_BLOCKS) -> list[dict[str, torch.Tensor]]:
+def trajectory(case: FSDPCase, dtype=torch.float32, casts: bool = True, blocks: models.Blocks = models.SUITE_BLOCKS,
+               device="cpu") -> list[dict[str, torch.Tensor]]:
     """Parameters by name (every alias) before the first step and after every step."""
-    model = models.build(case, "cpu", dtype, blocks)
+    model = models.build(case, device, dtype, blocks)
     matrices = models.matrix_names(model, blocks)
     optimizer = make_optimizer(case, model.parameters())
     cast = case.compute_dtype if (casts and dtype == torch.float32) else None
@@ -33,7 +39,7 @@ def trajectory(case: FSDPCase, dtype=torch.float32, casts: bool = True, blocks: 
         return functional_call(model, params, (ids,))
 
     def snapshot():
-        return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
+        return {n: p.detach().cpu().clone() for n, p in model.named_parameters(remove_duplicate=False)}
 
     out = [snapshot()]
     params = [p for p in model.parameters() if p.requires_grad]
@@ -43,7 +49,7 @@ def trajectory(case: FSDPCase, dtype=torch.float32, casts: bool = True, blocks: 
             for p in params:
                 p.grad = None
             for micro in range(case.micro):
-                ids, labels = models.batch(case, step, micro)
+                ids, labels = models.batch(case, step, micro, device)
                 sl = models.rank_slice(case, rank)
                 (models.loss_of(forward(ids[sl]), labels[sl]) / case.micro).backward()
             grads = [None if p.grad is None else p.grad.clone() for p in params]
