@@ -46,6 +46,16 @@ def expected64(case: RingCase, world: int, group_rank: int) -> torch.Tensor:
     return total
 
 
+def magnitude64(case: RingCase, world: int, group_rank: int) -> torch.Tensor:
+    """Sum over ranks of |x_r| per element: the size of the terms a reduced element adds up
+    (the oracle's magnitude: a sum that cancels is judged against its terms, not its result)."""
+    ins = [rank_input(case, r).double().abs() for r in range(world)]
+    total = torch.stack(ins).sum(0)
+    if case.op == "ring_reduce_scatter":
+        return total.flatten().tensor_split(world)[group_rank]
+    return total
+
+
 def elements(case: RingCase, world: int) -> int:
     """S of the module docstring."""
     n = 1
