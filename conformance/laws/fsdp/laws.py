@@ -16,7 +16,7 @@ import torch
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from conformance.harness import available_world_sizes, pinned_world_size, run_on_ranks, resolve_device
+from conformance.harness import available_world_sizes, pinned_world_size, resolve_device, run_on_ranks, threads_of_ranks
 from conformance.lawbook import API, CONTRACT, Law, by_name
 
 from . import checks, reference
@@ -43,7 +43,9 @@ def train(target_spec: str, case: FSDPCase) -> list[dict]:
 
 @lru_cache(maxsize=64)
 def _suite_references(case: FSDPCase, device: str):
-    return reference.trajectory(case, torch.float32, device=device), reference.trajectory(case, torch.float64, casts=False)
+    # with the ranks' thread count: bit for bit needs the same reduction splits
+    with threads_of_ranks(case.world_size):
+        return reference.trajectory(case, torch.float32, device=device), reference.trajectory(case, torch.float64, casts=False)
 
 
 def references(case: FSDPCase, results: list[dict]):
