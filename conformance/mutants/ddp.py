@@ -240,7 +240,11 @@ _MUTANTS = {
     "tied_weight_in_two_buckets": (TiedWeightInTwoBuckets, _Spec("a tied weight is bucketed and reduced once per name", ("layout",), "bucketed")),
     "frozen_parameter_reduced": (FrozenParameterReduced, _Spec("frozen parameters are bucketed and get zero gradients", ("layout", "replicas_match", "spec:frozen_and_unused"), "bucketed")),
     "missing_gradient_becomes_zero": (MissingGradientBecomesZero, _Spec("a gradient no rank produced becomes zero, not None", ("replicas_match", "spec:frozen_and_unused"), "bucketed")),
-    "stale_ready_set_after_no_sync": (StaleReadySetAfterNoSync, _Spec("no_sync leaves bucket bookkeeping stale for the next synced backward", ("no_sync", "spec:no_sync_accumulate"), "bucketed")),
+    # its bug is a race (the early all-reduce reads the bucket before or after the rest of
+    # the micro-batch is accumulated into it): the no_sync law's many examples catch it; the
+    # one fixed spec case caught it in most CI runs but not all (a quiet machine let gloo's
+    # thread lose the race), so it is not claimed here
+    "stale_ready_set_after_no_sync": (StaleReadySetAfterNoSync, _Spec("no_sync leaves bucket bookkeeping stale for the next synced backward", ("no_sync",), "bucketed")),
     "bucket_order_depends_on_rank": (BucketOrderDependsOnRank, _Spec("buckets assembled in a different order on different ranks", ("replicas_match", "layout", "spec:exact_average"), "bucketed")),
     "no_overlap": (NoOverlap, _Spec("all buckets launched after backward", ("overlap",), "bucketed")),
     "no_sync_still_communicates": (NoSyncStillCommunicates, _Spec("no_sync() still reduces every micro-batch", ("no_sync", "spec:no_sync_accumulate"), "bucketed")),
