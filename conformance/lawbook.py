@@ -103,3 +103,36 @@ def first_failure_line(run: Callable[[], None]) -> str | None:
     except AssertionError as exc:
         return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return None
+
+
+def check_examples(law: Law, subject, *, device=None, max_examples: int | None = None, go_on_after_verdicts: bool = False,
+                   **settings_kwargs) -> None:
+    """Check ``law`` on ``subject`` for the cases Hypothesis draws from ``law.cases(device=device)``.
+
+    ``go_on_after_verdicts``: a case the target declines (a ``conformance.verdicts.Verdict``,
+    e.g. one shape it does not offer) is set aside and the other cases still run; the first
+    such verdict is raised at the end, so the law as a whole is never reported as passed.
+    """
+    from hypothesis import given, note, settings
+
+    from conformance.verdicts import Verdict
+
+    options = dict(settings_kwargs)
+    if max_examples is not None:
+        options["max_examples"] = max_examples
+    declined: list[Verdict] = []
+
+    @settings(**options)
+    @given(case=law.cases(device=device))
+    def run(case):
+        note(f"case: {case}")
+        try:
+            law.check(subject, case)
+        except Verdict as verdict:
+            if not go_on_after_verdicts:
+                raise
+            declined.append(verdict)
+
+    run()
+    if declined:
+        raise declined[0]

@@ -20,9 +20,9 @@ requests.
 
 from __future__ import annotations
 
-from hypothesis import given, note, settings
+from hypothesis import settings
 
-from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings
+from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings, check_examples
 from conformance.laws.checkpointing import checks
 from conformance.laws.checkpointing.strategies import bad_requests, stack_cases
 from conformance.target import load_target
@@ -52,17 +52,7 @@ LAWS_BY_NAME = by_name(LAWS)
 
 def check_law(law: Law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
     load_target(subject).factory(checks.ENTRY)  # not offered: say so before any example runs
-    options = dict(extra_settings)
-    if max_examples is not None:
-        options["max_examples"] = max_examples
-
-    @settings(**options)
-    @given(case=law.cases(device=device))
-    def run(case):
-        note(f"case: {case}")
-        law.check(subject, case)
-
-    run()
+    check_examples(law, subject, device=device, max_examples=max_examples, **extra_settings)
 
 
 MUTANT_SETTINGS = mutant_settings()

@@ -23,10 +23,9 @@ the target, or None (the mutant self-test's runner).
 
 from __future__ import annotations
 
-from hypothesis import given, note, settings
 
 from conformance.harness import resolve_device
-from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings
+from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings, check_examples
 from conformance.laws.composed import checks
 from conformance.laws.composed.strategies import composed_cases, mesh_cases
 
@@ -55,18 +54,8 @@ LAWS_BY_NAME = by_name(LAWS)
 
 def check_law(law: Law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
     resolve_device(device)
-    options = dict(extra_settings)
-    if max_examples is not None:
-        options["max_examples"] = max_examples
-    options.setdefault("deadline", None)
-
-    @settings(**options)
-    @given(case=law.cases(device=device))
-    def run(case):
-        note(f"case: {case}")
-        law.check(subject, case)
-
-    run()
+    extra_settings.setdefault("deadline", None)
+    check_examples(law, subject, device=device, max_examples=max_examples, **extra_settings)
 
 
 def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:

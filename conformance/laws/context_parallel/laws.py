@@ -22,10 +22,10 @@ runner: the first line of the law's failure on the target, or None.
 from __future__ import annotations
 
 import torch
-from hypothesis import given, note, settings
+from hypothesis import settings
 
 from conformance.harness import resolve_device
-from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings
+from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings, check_examples
 from conformance.target import load_target
 from conformance.laws.context_parallel import checks
 from conformance.laws.context_parallel.strategies import layout_cases, merge_cases, partial_cases, ring_cases
@@ -91,17 +91,7 @@ def probe(law: Law, subject: str) -> None:
 def check_law(law: Law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
     device = resolve_device(device)
     probe(law, subject)
-    options = dict(extra_settings)
-    if max_examples is not None:
-        options["max_examples"] = max_examples
-
-    @settings(**options)
-    @given(case=law.cases(device=device))
-    def run(case):
-        note(f"case: {case}")
-        law.check(subject, case)
-
-    run()
+    check_examples(law, subject, device=device, max_examples=max_examples, **extra_settings)
 
 
 MUTANT_SETTINGS = mutant_settings()

@@ -20,13 +20,11 @@ accumulation, and W up to 4.
 
 from __future__ import annotations
 
-from hypothesis import given, note, settings
 
 from conformance.harness import resolve_device
-from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings
+from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings, check_examples
 from conformance.laws.grad_scaler import checks
 from conformance.laws.grad_scaler.strategies import scaler_cases
-from conformance.verdicts import Verdict
 
 CAPABILITY = "gradient scaler"
 CONTROL = "impl"
@@ -69,23 +67,7 @@ LAWS_BY_NAME = by_name(LAWS)
 
 def check_law(law: Law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
     device = resolve_device(device)
-    options = dict(extra_settings)
-    if max_examples is not None:
-        options["max_examples"] = max_examples
-    declined = []
-
-    @settings(**options)
-    @given(case=law.cases(device=device))
-    def run(case):
-        note(f"case: {case}")
-        try:
-            law.check(subject, case)
-        except Verdict as verdict:
-            declined.append(verdict)
-
-    run()
-    if declined:
-        raise declined[0]
+    check_examples(law, subject, device=device, max_examples=max_examples, go_on_after_verdicts=True, **extra_settings)
 
 
 MUTANT_SETTINGS = mutant_settings()

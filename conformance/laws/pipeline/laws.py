@@ -20,11 +20,10 @@ runner: the first line of the law's failure on the target, or None.
 
 from __future__ import annotations
 
-from hypothesis import given, note, settings
+from hypothesis import settings
 
 from conformance.harness import resolve_device
-from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings
-from conformance.verdicts import Verdict
+from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings, check_examples
 from conformance.laws.pipeline import checks
 from conformance.laws.pipeline.strategies import pipeline_cases, schedule_cases
 
@@ -74,24 +73,7 @@ DISTRIBUTED = {law.name for law in LAWS if law.needs}
 
 def check_law(law: Law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
     device = resolve_device(device)
-    options = dict(extra_settings)
-    if max_examples is not None:
-        options["max_examples"] = max_examples
-
-    declined = []
-
-    @settings(**options)
-    @given(case=law.cases(device=device))
-    def run(case):
-        note(f"case: {case}")
-        try:
-            law.check(subject, case)
-        except Verdict as verdict:  # this case is not offered here: go on with the others
-            declined.append(verdict)
-
-    run()
-    if declined:  # every case the target did take passed; the law as a whole is not passed
-        raise declined[0]
+    check_examples(law, subject, device=device, max_examples=max_examples, go_on_after_verdicts=True, **extra_settings)
 
 
 MUTANT_SETTINGS = mutant_settings()

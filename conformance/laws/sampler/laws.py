@@ -18,15 +18,13 @@ under a watchdog timeout: a hang is a failure with a message, never a stuck suit
 from __future__ import annotations
 
 import torch
-from hypothesis import given, note, settings
 
 from conformance import oracle
 from conformance.harness import require_world_size, resolve_device, run_on_ranks
-from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings
+from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings, check_examples
 from conformance.laws.sampler import checks, reference
 from conformance.laws.sampler.rank import rank_uneven_training
 from conformance.laws.sampler.strategies import MIN_LEN_FOR_REORDER, sampler_cases, uneven_cases
-from conformance.verdicts import Verdict
 
 CAPABILITY = "distributed sampler"
 CONTROL = "impl"
@@ -69,23 +67,7 @@ DISTRIBUTED = {law.name for law in LAWS if law.needs}
 
 def check_law(law: Law, subject: str, device=None, max_examples: int | None = None, **extra_settings) -> None:
     device = resolve_device(device)
-    options = dict(extra_settings)
-    if max_examples is not None:
-        options["max_examples"] = max_examples
-    declined = []
-
-    @settings(**options)
-    @given(case=law.cases(device=device))
-    def run(case):
-        note(f"case: {case}")
-        try:
-            law.check(subject, case)
-        except Verdict as verdict:
-            declined.append(verdict)
-
-    run()
-    if declined:
-        raise declined[0]
+    check_examples(law, subject, device=device, max_examples=max_examples, go_on_after_verdicts=True, **extra_settings)
 
 
 MUTANT_SETTINGS = mutant_settings()
