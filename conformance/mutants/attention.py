@@ -24,7 +24,13 @@ from impl.attention.validation import validate_attention_inputs
 TILE = 16
 
 
+_CAUSAL_BY_LENGTHS: dict = {}  # causal_flag_cached_by_lengths: the first flag seen per (N_q, N_k)
+_OUTPUT_BUFFERS: dict = {}  # output_buffer_reused: one O buffer per (shape, dtype), handed out every call
+
+
 def _forward(q, k, v, is_causal, scale, bugs):
+    if "causal_flag_cached_by_lengths" in bugs:  # as a mask cached by sequence lengths alone would
+        is_causal = _CAUSAL_BY_LENGTHS.setdefault((q.shape[-2], k.shape[-2], q.device), is_causal)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     acc_dtype = torch.float16 if "fp16_accumulators" in bugs else work
     if "input_precision_accumulators" in bugs:
@@ -37,6 +43,8 @@ def _forward(q, k, v, is_causal, scale, bugs):
     batch, n_q, d = qf.shape
     n_k = kf.shape[1]
     o = torch.empty(batch, n_q, d, dtype=torch.float32 if "output_in_float32" in bugs else q.dtype, device=q.device)
+    if "output_buffer_reused" in bugs:
+        o = _OUTPUT_BUFFERS.setdefault((o.shape, o.dtype, o.device), o)
     lse = torch.empty(batch, n_q, dtype=work, device=q.device)
     key_end = n_k - n_k % TILE if ("drop_partial_tile" in bugs and n_k > TILE) else n_k
     for qs in range(0, n_q, TILE):
@@ -73,7 +81,7 @@ def _forward(q, k, v, is_causal, scale, bugs):
         lse[:, qs:qe] = torch.log(l.to(work)) if "lse_missing_max" in bugs else m + torch.log(l.to(work))
     if "nondeterministic" in bugs:
         o = o + (torch.rand((), dtype=torch.float64) < 0.5) * torch.finfo(o.dtype).eps * o.abs()
-    return o.reshape(q.shape), lse.reshape(q.shape[:-1]), scale
+    return o.reshape(q.shape), lse.reshape(q.shape[:-1]), scale, is_causal
 
 
 def _backward(q, k, v, o, lse, do, is_causal, scale, bugs):
@@ -104,7 +112,7 @@ def buggy_flash(bugs: frozenset):
                 if "vague_input_errors" in bugs:
                     raise type(exc)("invalid input") from None
                 raise
-            o, lse, used_scale = _forward(q, k, v, bool(is_causal), scale, bugs)
+            o, lse, used_scale, is_causal = _forward(q, k, v, bool(is_causal), scale, bugs)
             if "saves_flattened_lse" in bugs:
                 lse = lse.reshape(-1, lse.shape[-1]) if lse.dim() > 2 else lse.reshape(-1)
             ctx.save_for_backward(q, k, v, o, lse)
@@ -166,16 +174,56 @@ SPECS = (
            ("contract_bf16_runs_and_keeps_the_contracts_dtypes",)),
     BuggyFlashSpec("nondeterministic", "forward adds 1-ulp noise on some calls (e.g. an unordered atomic reduction)",
            ("forward_is_bitwise_deterministic",)),
+    BuggyFlashSpec("causal_flag_cached_by_lengths", "the causal flag remembered per (N_q, N_k), as a mask cached by lengths alone: a later call with the other flag gets the first one's mask",
+           ("results_do_not_depend_on_earlier_calls",)),
+    BuggyFlashSpec("output_buffer_reused", "O written into one buffer kept per shape and returned as is: the next call of that shape overwrites it",
+           ("results_do_not_depend_on_earlier_calls",)),
     BuggyFlashSpec("vague_input_errors", "bad input raises ValueError('invalid input'): the message names neither the problem nor the values",
            ("spec:bad_input_errors",)),
     BuggyFlashSpec("saves_flattened_lse", "L saved as (B*H, N) instead of q.shape[:-1], breaking the CS336 contract",
            ("spec:saves_one_logsumexp_of_query_shape",)),
 )
+
+
+def _plan_key_without_strides():
+    """impl's Triton attention with its launch plans keyed on shapes, dtypes and devices but
+    not strides: a later call with the same shapes in another layout reuses the first
+    layout's strides (our own fast path's one way to go wrong)."""
+    from impl.attention import flash_triton as ft
+
+    class PlanKeyWithoutStrides(ft.FlashAttentionTriton):
+        @staticmethod
+        def forward(ctx, q, k, v, is_causal=False, scale=None):
+            key = ("mutant: no strides", type(is_causal), is_causal, type(scale), scale,
+                   tuple((t.shape, t.dtype, t.device) for t in (q, k, v)))
+            plan = ft._forward_plan(q, k, v, is_causal, scale, key)
+            o, lse = plan(q, k, v)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.is_causal, ctx.scale, ctx.plan_key = plan.is_causal, plan.scale, key
+            return o
+
+    return PlanKeyWithoutStrides
+
+
+def _impl_triton():
+    from impl.attention.flash_triton import FlashAttentionTriton
+
+    return FlashAttentionTriton
+
+
+plan_key_without_strides = SimpleNamespace(get_flashattention_autograd_function_triton=_plan_key_without_strides,
+                                           __name__="mutant:plan_key_without_strides")
+
 MUTANTS = tuple(
     Mutant(m.name, "attention", m.bug, m.caught_by, target=f"{__name__}:{m.name}", flavour="pytorch") for m in SPECS
+) + (
+    Mutant("plan_key_without_strides", "attention",
+           "impl's Triton launch plans keyed without the inputs' strides: another layout of the same shapes reuses stale strides",
+           ("results_do_not_depend_on_earlier_calls",), target=f"{__name__}:plan_key_without_strides", flavour="triton"),
 )
 
 # Every mutant as a module attribute, so `--target conformance.mutants.attention:no_rescale` works.
 globals().update({m.name: m.target() for m in SPECS})
 correct = BuggyFlashSpec("correct", "no bug: the mutants' shared implementation with every switch off", ()).target()
 correct.get_flashattention_autograd_function_pytorch = (lambda fn=buggy_flash(frozenset()): fn)
+correct.get_flashattention_autograd_function_triton = _impl_triton  # the control of the Triton-flavour mutant

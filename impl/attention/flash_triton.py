@@ -51,14 +51,13 @@ sequence apply masks.
 
 from __future__ import annotations
 
-import contextlib
-import warnings
 from dataclasses import dataclass, fields, replace
 
 import torch
 import triton
 import triton.language as tl
 
+from .triton_launch import Launch
 from .validation import interpreter_enabled, validate_attention_inputs
 
 _LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e))
@@ -602,32 +601,154 @@ def _tma_ready(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def _tma_scratch(size: int, alignment: int, stream):
-    """Global memory where kernels write the tensor descriptors they make (128 B each)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+def _meta_4d_strides(shape) -> tuple:
+    """Strides of the (B, H, N, d) view of a contiguous tensor of ``shape`` (our outputs)."""
+    return _as_4d(torch.empty(shape, device="meta")).stride()
 
 
-@contextlib.contextmanager
-def _descriptor_allocator(active: bool):
-    """Triton's allocator set to _tma_scratch for one launch, the caller's restored after."""
-    from triton.runtime import _allocation
-
-    var = getattr(_allocation, "_allocator", None)
-    if not active:
-        yield
-    elif var is not None and hasattr(var, "set") and hasattr(var, "reset"):
-        token = var.set(_tma_scratch)
-        try:
-            yield
-        finally:
-            var.reset(token)
-    else:  # a Triton without the context variable: set it for good
-        triton.set_allocator(_tma_scratch)
-        yield
+def _signature(*tensors) -> tuple:
+    """What a plan depends on besides the call's scalars: per tensor its shape, strides, dtype,
+    device and whether its address is 16-byte aligned (Triton specialises pointers on it)."""
+    return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors)
 
 
-def _launch(kernel, grid, args, constexprs, device, num_warps: int, num_stages: int, fp_fusion: bool = False):
-    """Launch; on a GPU that lacks the resources for this config, fall back to a lighter one.
+# (kind, scalars, signature) -> plan.  Bounded: a process that sees many shapes (a property
+# run) drops the oldest plans; their compiled kernels stay in Triton's own cache.
+_PLANS: dict = {}
+_MAX_PLANS = 512
+
+
+def _cached_plan(key, build):
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = build()
+        if len(_PLANS) >= _MAX_PLANS:
+            del _PLANS[next(iter(_PLANS))]
+        _PLANS[key] = plan
+    return plan
+
+
+def _forward_key(q, k, v, is_causal, scale):
+    """The forward plan's cache key, or None where the inputs cannot have one (they are then
+    validated on every call, which raises the clear error)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return None
+    try:
+        key = ("fwd", type(is_causal), is_causal, type(scale), scale, _signature(q, k, v))
+        hash(key)
+    except TypeError:  # an unhashable is_causal or scale: validation will name it
+        return None
+    return key
+
+
+class _ForwardPlan:
+    """Everything a forward over inputs of one signature needs except the inputs: the checked
+    scale, the config, the output shapes and the kernel launch with its strides fixed."""
+
+    def __init__(self, q, k, v, is_causal, scale, config=None):
+        self.scale = validate_attention_inputs(q, k, v, is_causal, scale, max_head_dim=256, triton=True)
+        self.is_causal = bool(is_causal)
+        d = q.shape[-1]
+        cfg = _coerce_config(config, ForwardConfig, default_forward_config(q.dtype, d, q.device))
+        _check_blocks(block_m=cfg.block_m, block_n=cfg.block_n)
+        self.o_shape, self.lse_shape = q.shape, q.shape[:-1]
+        self.dtype, self.device = q.dtype, q.device
+        self.to_4d = q.dim() > 4  # merging outer batch dims may copy: done per call
+        self.launch = None
+        if q.numel() == 0:  # an empty batch: nothing to compute
+            return
+        q4, k4, v4 = (_as_4d(t) for t in (q, k, v))
+        batch, heads, n_q, _ = q4.shape
+        n_k = k4.shape[2]
+        n_m_tiles = triton.cdiv(n_q, cfg.block_m)
+        rest = (*q4.stride(), *k4.stride(), *v4.stride(), *_meta_4d_strides(q.shape),
+                heads, n_q, n_k, n_m_tiles, self.scale, self.scale * 1.4426950408889634)
+        tma = bool(cfg.tma and _tma_ready(k4, v4))
+        constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=_block_d(d),
+                          IS_CAUSAL=self.is_causal, LONGEST_FIRST=bool(cfg.longest_first and is_causal),
+                          USE_TMA=tma, **_dot_settings(q.dtype))
+        self.launch = Launch(_flash_fwd_kernel, (n_m_tiles * batch * heads,), rest, constexprs,
+                             _options(q.device, cfg.num_warps, cfg.num_stages, cfg.fp_fusion), q.device, tma)
+
+    def __call__(self, q, k, v):
+        o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        if self.launch is not None:
+            if self.to_4d:
+                q, k, v = _as_4d(q), _as_4d(k), _as_4d(v)
+            self.launch(q, k, v, o, lse)  # o is contiguous: its (B, H, N, d) view has its address
+        return o, lse
+
+
+class _BackwardPlan:
+    """The backward's three launches for one signature of (q, k, v, o, lse, dO)."""
+
+    def __init__(self, q, k, v, o, lse, grad_o, is_causal: bool, scale: float, config=None):
+        d = q.shape[-1]
+        cfg = _coerce_config(config, BackwardConfig, default_backward_config(q.dtype, d, q.device, is_causal))
+        _check_blocks(dkdv_block_n=cfg.dkdv_block_n, dkdv_block_m=cfg.dkdv_block_m, dq_block_m=cfg.dq_block_m,
+                      dq_block_n=cfg.dq_block_n, preprocess_block_m=cfg.preprocess_block_m)
+        self.q_shape, self.k_shape, self.v_shape, self.lse_shape = q.shape, k.shape, v.shape, q.shape[:-1]
+        self.dtype, self.device = q.dtype, q.device
+        self.to_4d = q.dim() > 4
+        self.lse_contiguous = lse.is_contiguous()  # flat (batch * heads * N_q) indexing
+        self.launches = None
+        if q.numel() == 0:
+            return
+        q4, k4, v4, o4, do4 = (_as_4d(t) for t in (q, k, v, o, grad_o))
+        dq_s, dk_s, dv_s = (_meta_4d_strides(shape) for shape in (q.shape, k.shape, v.shape))
+        batch, heads, n_q, _ = q4.shape
+        n_k = k4.shape[2]
+        common = dict(HEAD_DIM=d, BLOCK_D=_block_d(d))
+        masks = dict(IS_CAUSAL=bool(is_causal), LONGEST_FIRST=bool(cfg.longest_first and is_causal))
+        dots = _dot_settings(q.dtype)
+        dq_warps = cfg.num_warps if cfg.dq_num_warps is None else cfg.dq_num_warps
+        dq_stages = cfg.num_stages if cfg.dq_num_stages is None else cfg.dq_num_stages
+        dev = q.device
+
+        n_pre = triton.cdiv(n_q, cfg.preprocess_block_m)
+        pre = Launch(_flash_bwd_preprocess_kernel, (n_pre * batch * heads,),
+                     (*o4.stride(), *do4.stride(), heads, n_q, n_pre),
+                     dict(BLOCK_M=cfg.preprocess_block_m, **common), _options(dev, cfg.num_warps, cfg.num_stages), dev)
+
+        n_n_tiles = triton.cdiv(n_k, cfg.dkdv_block_n)
+        tma = bool(cfg.tma and _tma_ready(q4, do4))
+        dkdv = Launch(_flash_bwd_dkdv_kernel, (n_n_tiles * batch * heads,),
+                      (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk_s, *dv_s,
+                       heads, n_q, n_k, n_n_tiles, scale),
+                      dict(common, BLOCK_M=cfg.dkdv_block_m, BLOCK_N=cfg.dkdv_block_n, **masks,
+                           KEYS_EVEN=n_k % cfg.dkdv_block_n == 0, USE_TMA=tma, **dots),
+                      _options(dev, cfg.num_warps, cfg.num_stages), dev, tma)
+
+        n_m_tiles = triton.cdiv(n_q, cfg.dq_block_m)
+        tma = bool(cfg.tma and _tma_ready(k4, v4))
+        dq = Launch(_flash_bwd_dq_kernel, (n_m_tiles * batch * heads,),
+                    (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq_s,
+                     heads, n_q, n_k, n_m_tiles, scale),
+                    dict(common, BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, **masks, USE_TMA=tma, **dots),
+                    _options(dev, dq_warps, dq_stages), dev, tma)
+        self.launches = (pre, dkdv, dq)
+
+    def __call__(self, q, k, v, o, lse, grad_o):
+        dq = torch.empty(self.q_shape, dtype=self.dtype, device=self.device)
+        dk = torch.empty(self.k_shape, dtype=self.dtype, device=self.device)
+        dv = torch.empty(self.v_shape, dtype=self.dtype, device=self.device)
+        if self.launches is None:
+            return dq, dk, dv
+        delta = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        if not self.lse_contiguous:
+            lse = lse.contiguous()
+        if self.to_4d:
+            q, k, v, o, grad_o = (_as_4d(t) for t in (q, k, v, o, grad_o))
+        pre, dkdv, dq_launch = self.launches
+        pre(o, grad_o, delta)
+        dkdv(q, k, v, grad_o, lse, delta, dk, dv)
+        dq_launch(q, k, v, grad_o, lse, delta, dq)
+        return dq, dk, dv
+
+
+def _options(device: torch.device, num_warps: int, num_stages: int, fp_fusion: bool = False):
+    """Triton launch options; none under the interpreter, which takes none.
 
     enable_fp_fusion=False for the backward: scale * s must round to the same bits in the
     forward's L and in the backward's exp(scale s - L); a fused multiply-add there skips
@@ -636,86 +757,36 @@ def _launch(kernel, grid, args, constexprs, device, num_warps: int, num_stages: 
     l = alpha l + rowsum(P) and L = scale m + log l, and where one key holds all the weight
     (l = 1, log l = 0) the fused L = fma(m, scale, 0) rounds like scale * m.
     """
-    if device.type != "cuda":  # the interpreter takes no launch options
-        kernel[grid](*args, **constexprs)
-        return
-    opts = dict(num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion)
-    with _descriptor_allocator(bool(constexprs.get("USE_TMA"))):
-        try:
-            kernel[grid](*args, **constexprs, **opts)
-        except triton.runtime.errors.OutOfResources as exc:
-            if opts["num_stages"] <= 1:
-                raise
-            warnings.warn(f"{kernel.fn.__name__}: {exc}; retrying with num_stages=1", RuntimeWarning, stacklevel=3)
-            kernel[grid](*args, **constexprs, **{**opts, "num_stages": 1})
+    if device.type != "cuda":
+        return None
+    return dict(num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion)
+
+
+def _forward_plan(q, k, v, is_causal, scale, key=None) -> _ForwardPlan:
+    if key is None:
+        return _ForwardPlan(q, k, v, is_causal, scale)  # uncached; validation raises on bad input
+    return _cached_plan(key, lambda: _ForwardPlan(q, k, v, is_causal, scale))
 
 
 def _forward(q, k, v, is_causal: bool, scale: float, config: ForwardConfig | None = None):
-    """O, L for validated inputs (no checks here; see flash_forward)."""
-    d = q.shape[-1]
-    cfg = _coerce_config(config, ForwardConfig, default_forward_config(q.dtype, d, q.device))
-    _check_blocks(block_m=cfg.block_m, block_n=cfg.block_n)
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    if q.numel() == 0:  # an empty batch: nothing to compute
-        return o, lse
-    q4, k4, v4, o4 = (_as_4d(t) for t in (q, k, v, o))
-    batch, heads, n_q, _ = q4.shape
-    n_k = k4.shape[2]
-    n_m_tiles = triton.cdiv(n_q, cfg.block_m)
-    grid = (n_m_tiles * batch * heads,)
-    args = (q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
-            heads, n_q, n_k, n_m_tiles, scale, scale * 1.4426950408889634)
-    constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=_block_d(d),
-                      IS_CAUSAL=bool(is_causal), LONGEST_FIRST=bool(cfg.longest_first and is_causal),
-                      USE_TMA=bool(cfg.tma and _tma_ready(k4, v4)), **_dot_settings(q.dtype))
-    _launch(_flash_fwd_kernel, grid, args, constexprs, q.device, cfg.num_warps, cfg.num_stages, cfg.fp_fusion)
-    return o, lse
+    """O, L (plans are checked when made; see flash_forward)."""
+    if config is not None:
+        return _ForwardPlan(q, k, v, is_causal, scale, config)(q, k, v)
+    return _forward_plan(q, k, v, is_causal, scale, _forward_key(q, k, v, is_causal, scale))(q, k, v)
 
 
-def _backward(q, k, v, o, lse, grad_o, is_causal: bool, scale: float, config: BackwardConfig | None = None):
-    d = q.shape[-1]
-    cfg = _coerce_config(config, BackwardConfig, default_backward_config(q.dtype, d, q.device, is_causal))
-    _check_blocks(dkdv_block_n=cfg.dkdv_block_n, dkdv_block_m=cfg.dkdv_block_m, dq_block_m=cfg.dq_block_m,
-                  dq_block_n=cfg.dq_block_n, preprocess_block_m=cfg.preprocess_block_m)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    if q.numel() == 0:
-        return dq, dk, dv
-    delta = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    q4, k4, v4, o4, do4, dq4, dk4, dv4 = (_as_4d(t) for t in (q, k, v, o, grad_o, dq, dk, dv))
-    lse = lse.contiguous()  # flat (batch * heads * N_q) indexing
-    batch, heads, n_q, _ = q4.shape
-    n_k = k4.shape[2]
-    block_d = _block_d(d)
-    common = dict(HEAD_DIM=d, BLOCK_D=block_d)
-    dots = dict(IS_CAUSAL=bool(is_causal), LONGEST_FIRST=bool(cfg.longest_first and is_causal),
-                **_dot_settings(q.dtype))
-    dq_warps = cfg.num_warps if cfg.dq_num_warps is None else cfg.dq_num_warps
-    dq_stages = cfg.num_stages if cfg.dq_num_stages is None else cfg.dq_num_stages
-
-    n_pre = triton.cdiv(n_q, cfg.preprocess_block_m)
-    _launch(_flash_bwd_preprocess_kernel, (n_pre * batch * heads,),
-            (o4, do4, delta, *o4.stride(), *do4.stride(), heads, n_q, n_pre),
-            dict(BLOCK_M=cfg.preprocess_block_m, **common), q.device, cfg.num_warps, cfg.num_stages)
-
-    n_n_tiles = triton.cdiv(n_k, cfg.dkdv_block_n)
-    _launch(_flash_bwd_dkdv_kernel, (n_n_tiles * batch * heads,),
-            (q4, k4, v4, do4, lse, delta, dk4, dv4, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
-             *dk4.stride(), *dv4.stride(), heads, n_q, n_k, n_n_tiles, scale),
-            dict(BLOCK_M=cfg.dkdv_block_m, BLOCK_N=cfg.dkdv_block_n, KEYS_EVEN=n_k % cfg.dkdv_block_n == 0,
-                 USE_TMA=bool(cfg.tma and _tma_ready(q4, do4)), **common, **dots),
-            q.device, cfg.num_warps, cfg.num_stages)
-
-    n_m_tiles = triton.cdiv(n_q, cfg.dq_block_m)
-    _launch(_flash_bwd_dq_kernel, (n_m_tiles * batch * heads,),
-            (q4, k4, v4, do4, lse, delta, dq4, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
-             *dq4.stride(), heads, n_q, n_k, n_m_tiles, scale),
-            dict(BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, USE_TMA=bool(cfg.tma and _tma_ready(k4, v4)),
-                 **common, **dots),
-            q.device, dq_warps, dq_stages)
-    return dq, dk, dv
+def _backward(q, k, v, o, lse, grad_o, is_causal: bool, scale: float, config: BackwardConfig | None = None,
+              forward_key=None):
+    """dQ, dK, dV for checked inputs.  ``forward_key``: the key of the forward plan that made
+    ``o`` and ``lse`` from these q, k, v (it decides their signatures; only dO's is added)."""
+    if config is not None:
+        return _BackwardPlan(q, k, v, o, lse, grad_o, is_causal, scale, config)(q, k, v, o, lse, grad_o)
+    if forward_key is not None:
+        key = ("bwd", forward_key, _signature(grad_o))
+    else:
+        key = ("bwd", bool(is_causal), float(scale), _signature(q, k, v, o, lse, grad_o))
+    plan = _cached_plan(key, lambda: _BackwardPlan(q, k, v, o, lse, grad_o, bool(is_causal), float(scale)))
+    return plan(q, k, v, o, lse, grad_o)
 
 
 def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None, config=None):
@@ -723,8 +794,9 @@ def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None, 
 
     ``config``: a ForwardConfig or a dict of its fields overriding the default table.
     """
-    scale = validate_attention_inputs(q, k, v, is_causal, scale, max_head_dim=256, triton=True)
-    return _forward(q, k, v, bool(is_causal), scale, config)
+    if config is not None:
+        return _ForwardPlan(q, k, v, is_causal, scale, config)(q, k, v)
+    return _forward_plan(q, k, v, is_causal, scale, _forward_key(q, k, v, is_causal, scale))(q, k, v)
 
 
 def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: float | None = None, config=None):
@@ -752,15 +824,20 @@ def _check_like(name, t, shape, dtype, device):
 
 
 class FlashAttentionTriton(torch.autograd.Function):
-    """FlashAttention-2 forward and backward in Triton kernels (see the module contract)."""
+    """FlashAttention-2 forward and backward in Triton kernels (see the module contract).
+
+    The host path is kept short for short sequences: inputs are validated once per
+    signature (shapes, strides, dtypes, devices, alignment, is_causal, scale), when its
+    plan is made, and the kernels are launched from the plan (``triton_launch.Launch``).
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False, scale=None):
-        scale = validate_attention_inputs(q, k, v, is_causal, scale, max_head_dim=256, triton=True)
-        o, lse = _forward(q, k, v, bool(is_causal), scale)
+        key = _forward_key(q, k, v, is_causal, scale)
+        plan = _forward_plan(q, k, v, is_causal, scale, key)
+        o, lse = plan(q, k, v)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal = bool(is_causal)
-        ctx.scale = scale
+        ctx.is_causal, ctx.scale, ctx.plan_key = plan.is_causal, plan.scale, key
         return o
 
     @staticmethod
@@ -768,5 +845,5 @@ class FlashAttentionTriton(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         if grad_o.dtype != q.dtype:
             grad_o = grad_o.to(q.dtype)
-        dq, dk, dv = _backward(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale)
+        dq, dk, dv = _backward(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale, forward_key=ctx.plan_key)
         return dq, dk, dv, None, None

@@ -224,6 +224,50 @@ def forward_is_bitwise_deterministic(attn, case: AttentionCase, device):
     oracle.assert_bitwise_equal("L on a repeated call", l2, l1)
 
 
+def _neighbours(case: AttentionCase) -> list[tuple[str, AttentionCase]]:
+    """Cases that differ from ``case`` in one respect each (and in their values): what a
+    cache keyed on too little, or an output buffer kept for reuse, confuses with it."""
+    other_layout = {"contiguous": "strided", "strided": "transposed" if len(case.batch) > 1 else "contiguous",
+                    "transposed": "contiguous"}[case.layout]
+    seed = (case.seed + 1) % 2**31
+    out = [
+        ("is_causal flipped", replace(case, is_causal=not case.is_causal, seed=seed)),
+        (f"layout {other_layout!r}", replace(case, layout=other_layout, seed=seed)),
+        ("one key more" if case.n_k < 2 else "one key fewer", replace(case, n_k=case.n_k + 1 if case.n_k < 2 else case.n_k - 1, seed=seed)),
+    ]
+    if case.dtype != torch.float32:
+        out.append(("float32 inputs", replace(case, dtype=torch.float32, seed=seed)))
+    if case.scale is not None:
+        out.append(("another softmax scale", replace(case, scale=case.scale * 2, seed=seed)))
+    return out
+
+
+def results_do_not_depend_on_earlier_calls(attn, case: AttentionCase, device):
+    """O and dQ, dK, dV of a call depend on its own inputs only.
+
+    The case, then neighbours that differ from it in one respect each (the causal flag, the
+    layout, the key length, the dtype, the scale) run forward and backward in turn; every
+    output is judged against its float64 reference after all of them have run.  A cache
+    keyed on too little (a mask, a compiled kernel, a launch plan) gives a neighbour the
+    case's answer; an output buffer kept and reused hands the case's O to a later call.
+    """
+    sequence = [("the case", case)] + [(f"a call with {what} after the case", c) for what, c in _neighbours(case)]
+    outputs = []
+    for what, c in sequence:
+        (q, k, v, do), _ = c.make(device)
+        with oracle.poisoned_allocations(device):
+            o = call(attn, q, k, v, c)
+            o.backward(do)
+        outputs.append((what, c, {"O": o.detach(), "dQ": q.grad, "dK": k.grad, "dV": v.grad}))
+    for what, c, got in outputs:
+        note(f"{what}: {c!r}")
+        refs = references(c, device, with_grads=True)
+        for key, t in got.items():
+            if t is None:
+                raise AssertionError(f"{what}: backward produced no {key}")
+            _judge(what, t, refs, key, c)
+
+
 def float64_gradcheck(attn, case: AttentionCase, device):
     """Analytic gradients equal finite differences in float64 (torch.autograd.gradcheck)."""
     (q, k, v, _), _ = case.make(device)
@@ -257,6 +301,7 @@ LAWS = (
     _law(constant_values_give_constant_output),
     _law(logsumexp_is_row_logsumexp_and_at_least_row_max),
     _law(forward_is_bitwise_deterministic),
+    _law(results_do_not_depend_on_earlier_calls),
     _law(float64_gradcheck, lambda b, c: tiny_float64_cases(), flavours=("pytorch",)),
 )
 

@@ -1,0 +1,139 @@
+"""Launching a Triton kernel again without re-deriving what the first launch knew.
+
+``kernel[grid](*args, **constexprs)`` binds every argument, specialises each one (integers
+on == 1 and divisibility by 16, pointers on 16-byte alignment), hashes the result to find the
+compiled kernel, reads the current device and stream, and builds launch metadata for
+profiling hooks: on an H100 host about 20 to 40 us a launch, which a call at a short
+sequence length (a few us of GPU work) pays in full, three times in a backward.
+
+A ``Launch`` holds one launch with everything but the leading tensor arguments fixed: the
+grid, the remaining arguments (strides, sizes, scalars, constexprs) and the options.  Its
+first call goes through Triton (compiling if needed) and keeps the ``CompiledKernel``; later
+calls hand Triton's launcher the tensors and the stored rest directly.
+
+Contract
+    The caller keys its Launches on everything that decides the fixed arguments and
+    Triton's specialisation of the tensors: shapes, strides, dtypes, device, options, and
+    each tensor's ``data_ptr() % 16 == 0``.  A Launch is then valid for any tensors with
+    that key; only their addresses change between calls.
+    Launch hooks (``triton.knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``, as set by
+    Triton's profiler) make every call go through Triton's own path, so the hooks see it.
+    Under the interpreter (CPU) every call goes through Triton's path: there is no compiled
+    kernel to keep, but the caller's caching is exercised all the same.
+    Kernels that make tensor descriptors (``tma=True``) need scratch memory: Triton's
+    allocator is set to a torch allocation for the duration of each such launch only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+import triton
+
+try:  # Triton >= 3.4 keeps its runtime settings here
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover - older Triton: no hooks to honour on the fast path
+    _knobs = None
+
+
+def _tma_scratch(size: int, alignment: int, stream):
+    """Global memory where kernels write the tensor descriptors they make (128 B each)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+@contextlib.contextmanager
+def descriptor_allocator(active: bool):
+    """Triton's allocator set to _tma_scratch for one launch, the caller's restored after."""
+    from triton.runtime import _allocation
+
+    var = getattr(_allocation, "_allocator", None)
+    if not active:
+        yield
+    elif var is not None and hasattr(var, "set") and hasattr(var, "reset"):
+        token = var.set(_tma_scratch)
+        try:
+            yield
+        finally:
+            var.reset(token)
+    else:  # a Triton without the context variable: set it for good
+        triton.set_allocator(_tma_scratch)
+        yield
+
+
+def _hooks_active() -> bool:
+    if _knobs is None:
+        return True
+    hooks = (_knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook)
+    # A HookChain is never None; it is active when it holds calls.  A bare callable is active.
+    return any(getattr(h, "calls", h is not None) for h in hooks)
+
+
+class Launch:
+    """One kernel launch with everything but the first ``n_tensors`` arguments fixed."""
+
+    __slots__ = ("kernel", "grid", "rest", "constexprs", "options", "tma", "device_index", "compiled", "direct_ok")
+
+    def __init__(self, kernel, grid: tuple, rest: tuple, constexprs: dict, options: dict | None,
+                 device: torch.device, tma: bool = False):
+        self.kernel = kernel  # the JITFunction
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.rest = rest  # the non-constexpr arguments after the tensors
+        names = list(getattr(kernel, "arg_names", ()))
+        if set(constexprs) <= set(names) and names[len(names) - len(constexprs):] == sorted(constexprs, key=names.index):
+            # constexprs in signature order, as the direct path passes them positionally
+            constexprs = {name: constexprs[name] for name in names if name in constexprs}
+            self.direct_ok = True
+        else:  # constexprs interleaved with other parameters (or no names): Triton's path always
+            self.direct_ok = False
+        self.constexprs = constexprs
+        self.options = options  # num_warps, num_stages, enable_fp_fusion; None under the interpreter
+        self.tma = tma
+        self.device_index = device.index if device.type == "cuda" else None
+        self.compiled = None
+
+    def __call__(self, *tensors) -> None:
+        compiled = self.compiled
+        if compiled is None or _hooks_active():
+            self._through_triton(tensors)
+            return
+        if torch.cuda.current_device() != self.device_index:
+            with torch.cuda.device(self.device_index):
+                self._direct(compiled, tensors)
+        else:
+            self._direct(compiled, tensors)
+
+    def _direct(self, compiled, tensors) -> None:
+        # What JITFunction.run ends with, minus the binding, the lookup and the hooks' metadata.
+        stream = torch._C._cuda_getCurrentRawStream(self.device_index)
+        g0, g1, g2 = self.grid
+        if self.tma:
+            with descriptor_allocator(True):
+                compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                             *tensors, *self.rest, *self.constexprs.values())
+        else:
+            compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                         *tensors, *self.rest, *self.constexprs.values())
+
+    def _through_triton(self, tensors) -> None:
+        """Triton's own launch (compiling on first use); on a GPU that lacks the resources
+        for the options, retry with num_stages=1."""
+        args = (*tensors, *self.rest)
+        if self.options is None:  # the interpreter takes no launch options
+            self.kernel[self.grid](*args, **self.constexprs)
+            return
+        with descriptor_allocator(self.tma):
+            try:
+                compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
+            except triton.runtime.errors.OutOfResources as exc:
+                if self.options.get("num_stages", 1) <= 1:
+                    raise
+                warnings.warn(f"{self.kernel.fn.__name__}: {exc}; retrying with num_stages=1", RuntimeWarning,
+                              stacklevel=4)
+                self.options = {**self.options, "num_stages": 1}
+                compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
+        if hasattr(compiled, "result"):  # an asynchronous compilation's future
+            compiled = compiled.result()
+        if self.direct_ok:
+            self.compiled = compiled
