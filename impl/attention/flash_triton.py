@@ -23,9 +23,10 @@ Contract
     Returns O in the input dtype (contiguous, shape of q).  Saved for backward: q, k, v,
     O, and L = logsumexp of the scaled scores (natural log, float32, shape q.shape[:-1],
     contiguous), the only saved tensor of that shape.
-    Backward: a preprocess kernel D = rowsum(dO * O); a dK/dV kernel (one program per key
-    tile and batch-head, looping over query tiles, from the diagonal on under causal);
-    a dQ kernel (one program per query tile and batch-head, looping over key tiles).
+    Backward: a dQ kernel (one program per query tile and batch-head, looping over key
+    tiles) that first computes and stores D_i = rowsum(dO_i * O_i); then a dK/dV kernel
+    (one program per key tile and batch-head, looping over query tiles, from the diagonal
+    on under causal) that reads D.
     P = exp(S - L) is recomputed; no atomics; N_q x N_k is never materialised.
     Scores s = Q K^T come out bit-identical in the forward and both backward kernels, and
     the kernels compile without fused multiply-add, so the backward's exp(scale s - L) is
@@ -41,8 +42,13 @@ Contract
                      is 1; otherwise, or when Triton lacks descriptors, pointer loads;
       fp_fusion      (forward only) let the compiler fuse multiply-adds; the backward never
                      does (see _launch).
-    Descriptors made inside a kernel need scratch memory on the GPU: a launch that uses them
-    sets Triton's allocator for its own duration.
+    Descriptors made inside a kernel need scratch memory on the GPU: one buffer per
+    (device, stream), kept and grown (triton_launch._tma_scratch).
+Host path: a plan per call signature (shapes, strides, dtypes, devices, 16-byte alignment,
+is_causal, scale) holds the checked scale, the config and each kernel launch with its
+strides fixed; inputs are validated when their plan is made, and launches go to Triton's
+C launcher directly (impl/attention/triton_launch.py).  Two launches a backward, one a
+forward.
 
 Every key loop runs in stages: key tiles that no row of the query tile masks run without
 any masking work; only the tiles that straddle the causal diagonal or the end of the
@@ -256,25 +262,6 @@ def _flash_fwd_kernel(
 # ---------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["H", "N_Q", "n_m_tiles"])
-def _flash_bwd_preprocess_kernel(
-    O, DO, Delta,
-    stride_ob, stride_oh, stride_on, stride_od,
-    stride_dob, stride_doh, stride_don, stride_dod,
-    H, N_Q, n_m_tiles,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """D_i = rowsum(dO_i * O_i) in float32."""
-    pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H, False, True)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    o = _load_tile(O + b * stride_ob + h * stride_oh, offs_m, stride_on, N_Q, offs_d, stride_od, HEAD_DIM, BLOCK_D, True)
-    do = _load_tile(DO + b * stride_dob + h * stride_doh, offs_m, stride_don, N_Q, offs_d, stride_dod,
-                    HEAD_DIM, BLOCK_D, True)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(Delta + (b * H + h) * N_Q + offs_m, delta, mask=offs_m < N_Q)
-
-
 @triton.jit
 def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
                       stride_qn, stride_qd, stride_don, stride_dod,
@@ -410,10 +397,11 @@ def _dq_key_tiles(dq, q, do, lse, delta, k_src, v_src, stride_kn, stride_kd, str
 
 @triton.jit(do_not_specialize=["H", "N_Q", "N_K", "n_m_tiles"])
 def _flash_bwd_dq_kernel(
-    Q, K, V, DO, L, Delta, DQ,
+    Q, K, V, O, DO, L, Delta, DQ,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
     stride_dob, stride_doh, stride_don, stride_dod,
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     H, N_Q, N_K, n_m_tiles, sm_scale,
@@ -421,7 +409,8 @@ def _flash_bwd_dq_kernel(
     IS_CAUSAL: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
-    """One program per (query tile, batch-head): dQ_i for BLOCK_M query rows."""
+    """One program per (query tile, batch-head): D_i = rowsum(dO_i * O_i), stored for the
+    dK/dV kernel that runs next, and dQ_i for BLOCK_M query rows."""
     pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H, LONGEST_FIRST, True)
     k_src = _tile_source(K + b * stride_kb + h * stride_kh, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
     v_src = _tile_source(V + b * stride_vb + h * stride_vh, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
@@ -432,9 +421,11 @@ def _flash_bwd_dq_kernel(
     q = _load_tile(Q + b * stride_qb + h * stride_qh, offs_m, stride_qn, N_Q, offs_d, stride_qd, HEAD_DIM, BLOCK_D, True)
     do = _load_tile(DO + b * stride_dob + h * stride_doh, offs_m, stride_don, N_Q, offs_d, stride_dod,
                     HEAD_DIM, BLOCK_D, True)
+    o = _load_tile(O + b * stride_ob + h * stride_oh, offs_m, stride_on, N_Q, offs_d, stride_od, HEAD_DIM, BLOCK_D, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # D_i; rows past N_Q read 0
+    tl.store(Delta + (b * H + h) * N_Q + offs_m, delta, mask=offs_m < N_Q)
     # Rows past N_Q read L = +inf: their P is 0.
     lse = tl.load(L + (b * H + h) * N_Q + offs_m, mask=offs_m < N_Q, other=float("inf"))
-    delta = tl.load(Delta + (b * H + h) * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     full_hi = (N_K // BLOCK_N) * BLOCK_N
@@ -479,7 +470,7 @@ class BackwardConfig:
     dq_block_n: int  # keys per dQ loop step
     num_warps: int = 4  # dK/dV kernel (and dQ kernel unless dq_num_warps is set)
     num_stages: int = 2
-    preprocess_block_m: int = 64
+    preprocess_block_m: int = 64  # unused (the dQ kernel computes D); kept so positional configs keep their meaning
     dq_num_warps: int | None = None  # None: num_warps
     dq_num_stages: int | None = None  # None: num_stages
     longest_first: bool = False  # causal: longest programs first, batch-heads innermost
@@ -500,15 +491,15 @@ _GPU_FWD = {
     (False, 64): ForwardConfig(128, 64, 8, 3, longest_first=True),
     (False, 128): ForwardConfig(128, 64, 8, 3, longest_first=True, tma=True),
     (False, 256): ForwardConfig(64, 32, 4, 2),
-    (True, 64): ForwardConfig(64, 32, 4, 2),
-    (True, 128): ForwardConfig(64, 32, 4, 2),
+    (True, 64): ForwardConfig(64, 64, 4, 2),  # fp32 rows: perf/results/2026-11-24-h100-attention-speed/
+    (True, 128): ForwardConfig(32, 32, 4, 1),  # (64, 32, 4, 2) took 9.0 ms at N=1024, this 0.71
     (True, 256): ForwardConfig(32, 32, 4, 1),
 }
 _GPU_BWD = {
     (False, 64): BackwardConfig(128, 32, 64, 64, 4, 3, 128, longest_first=True, tma=True),
     (False, 128): BackwardConfig(64, 32, 64, 32, 4, 2, 128, longest_first=True, tma=True),
     (False, 256): BackwardConfig(32, 32, 32, 32, 4, 1, 64),
-    (True, 64): BackwardConfig(64, 32, 64, 32, 4, 2, 64),
+    (True, 64): BackwardConfig(32, 32, 32, 32, 4, 2, 64),
     (True, 128): BackwardConfig(32, 32, 32, 32, 4, 1, 64),
     (True, 256): BackwardConfig(32, 16, 32, 16, 4, 1, 32),
 }
@@ -681,7 +672,7 @@ class _ForwardPlan:
 
 
 class _BackwardPlan:
-    """The backward's three launches for one signature of (q, k, v, o, lse, dO)."""
+    """The backward's two launches for one signature of (q, k, v, o, lse, dO)."""
 
     def __init__(self, q, k, v, o, lse, grad_o, is_causal: bool, scale: float, config=None):
         d = q.shape[-1]
@@ -706,11 +697,6 @@ class _BackwardPlan:
         dq_stages = cfg.num_stages if cfg.dq_num_stages is None else cfg.dq_num_stages
         dev = q.device
 
-        n_pre = triton.cdiv(n_q, cfg.preprocess_block_m)
-        pre = Launch(_flash_bwd_preprocess_kernel, (n_pre * batch * heads,),
-                     (*o4.stride(), *do4.stride(), heads, n_q, n_pre),
-                     dict(BLOCK_M=cfg.preprocess_block_m, **common), _options(dev, cfg.num_warps, cfg.num_stages), dev)
-
         n_n_tiles = triton.cdiv(n_k, cfg.dkdv_block_n)
         tma = bool(cfg.tma and _tma_ready(q4, do4))
         dkdv = Launch(_flash_bwd_dkdv_kernel, (n_n_tiles * batch * heads,),
@@ -723,11 +709,11 @@ class _BackwardPlan:
         n_m_tiles = triton.cdiv(n_q, cfg.dq_block_m)
         tma = bool(cfg.tma and _tma_ready(k4, v4))
         dq = Launch(_flash_bwd_dq_kernel, (n_m_tiles * batch * heads,),
-                    (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq_s,
+                    (*q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(), *do4.stride(), *dq_s,
                      heads, n_q, n_k, n_m_tiles, scale),
                     dict(common, BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, **masks, USE_TMA=tma, **dots),
                     _options(dev, dq_warps, dq_stages), dev, tma)
-        self.launches = (pre, dkdv, dq)
+        self.launches = (dq, dkdv)  # dQ first: it computes D, which dK/dV reads
 
     def __call__(self, q, k, v, o, lse, grad_o):
         dq = torch.empty(self.q_shape, dtype=self.dtype, device=self.device)
@@ -740,10 +726,9 @@ class _BackwardPlan:
             lse = lse.contiguous()
         if self.to_4d:
             q, k, v, o, grad_o = (_as_4d(t) for t in (q, k, v, o, grad_o))
-        pre, dkdv, dq_launch = self.launches
-        pre(o, grad_o, delta)
+        dq_launch, dkdv = self.launches
+        dq_launch(q, k, v, o, grad_o, lse, delta, dq)
         dkdv(q, k, v, grad_o, lse, delta, dk, dv)
-        dq_launch(q, k, v, grad_o, lse, delta, dq)
         return dq, dk, dv
 
 

@@ -20,8 +20,9 @@ Contract
     Triton's profiler) make every call go through Triton's own path, so the hooks see it.
     Under the interpreter (CPU) every call goes through Triton's path: there is no compiled
     kernel to keep, but the caller's caching is exercised all the same.
-    Kernels that make tensor descriptors (``tma=True``) need scratch memory: Triton's
-    allocator is set to a torch allocation for the duration of each such launch only.
+    Kernels that make tensor descriptors (``tma=True``) need scratch memory: one buffer per
+    (device, stream), kept and grown; on Triton's own path its allocator is set to that
+    cache for the duration of each such launch only.
 """
 
 from __future__ import annotations
@@ -38,9 +39,20 @@ except ImportError:  # pragma: no cover - older Triton: no hooks to honour on th
     _knobs = None
 
 
+# (device, stream) -> scratch buffer, grown as needed.  Kernels on one stream run one after
+# another, so a buffer that one launch's descriptors were written to is free when the next
+# launch on that stream starts; a launch on another stream gets a buffer of its own.
+_SCRATCH: dict = {}
+
+
 def _tma_scratch(size: int, alignment: int, stream):
     """Global memory where kernels write the tensor descriptors they make (128 B each)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+    key = (torch.cuda.current_device(), stream)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < size:
+        buf = torch.empty(max(size, 1 << 16), dtype=torch.int8, device="cuda")  # torch aligns to 512 B
+        _SCRATCH[key] = buf
+    return buf
 
 
 @contextlib.contextmanager
@@ -62,6 +74,9 @@ def descriptor_allocator(active: bool):
         yield
 
 
+DIRECT = True  # False: every launch through Triton's own path (for measuring what the direct one saves)
+
+
 def _hooks_active() -> bool:
     if _knobs is None:
         return True
@@ -71,9 +86,10 @@ def _hooks_active() -> bool:
 
 
 class Launch:
-    """One kernel launch with everything but the first ``n_tensors`` arguments fixed."""
+    """One kernel launch with everything but the first arguments (the tensors) fixed."""
 
-    __slots__ = ("kernel", "grid", "rest", "constexprs", "options", "tma", "device_index", "compiled", "direct_ok")
+    __slots__ = ("kernel", "grid", "rest", "constexprs", "options", "tma", "device_index", "compiled", "direct_ok",
+                 "c_launch", "c_head", "c_head_meta", "scratch_bytes")
 
     def __init__(self, kernel, grid: tuple, rest: tuple, constexprs: dict, options: dict | None,
                  device: torch.device, tma: bool = False):
@@ -92,29 +108,34 @@ class Launch:
         self.tma = tma
         self.device_index = device.index if device.type == "cuda" else None
         self.compiled = None
+        self.c_launch = None
 
     def __call__(self, *tensors) -> None:
-        compiled = self.compiled
-        if compiled is None or _hooks_active():
+        if self.compiled is None or not DIRECT or _hooks_active():
             self._through_triton(tensors)
-            return
-        if torch.cuda.current_device() != self.device_index:
+        elif torch.cuda.current_device() != self.device_index:
             with torch.cuda.device(self.device_index):
-                self._direct(compiled, tensors)
+                self._direct(tensors)
         else:
-            self._direct(compiled, tensors)
+            self._direct(tensors)
 
-    def _direct(self, compiled, tensors) -> None:
+    def _direct(self, tensors) -> None:
         # What JITFunction.run ends with, minus the binding, the lookup and the hooks' metadata.
         stream = torch._C._cuda_getCurrentRawStream(self.device_index)
         g0, g1, g2 = self.grid
-        if self.tma:
-            with descriptor_allocator(True):
-                compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                             *tensors, *self.rest, *self.constexprs.values())
-        else:
+        if self.c_launch is not None:  # Triton's C launcher itself, the descriptor scratch from our cache
+            scratch = _tma_scratch(self.scratch_bytes, 128, stream) if self.scratch_bytes else None
+            self.c_launch(g0, g1, g2, stream, *self.c_head, scratch, None, *self.c_head_meta,
+                          *tensors, *self.rest, *self.constexprs.values())
+            return
+        compiled = self.compiled
+        token = _set_allocator() if self.tma else None
+        try:
             compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
                          *tensors, *self.rest, *self.constexprs.values())
+        finally:
+            if token is not None:
+                _reset_allocator(token)
 
     def _through_triton(self, tensors) -> None:
         """Triton's own launch (compiling on first use); on a GPU that lacks the resources
@@ -135,5 +156,38 @@ class Launch:
                 compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
         if hasattr(compiled, "result"):  # an asynchronous compilation's future
             compiled = compiled.result()
-        if self.direct_ok:
+        if self.direct_ok and self.compiled is None:
             self.compiled = compiled
+            self._bind_c_launcher(compiled)
+
+    def _bind_c_launcher(self, compiled) -> None:
+        """Keep Triton's C launch function where its launcher is the one this was written
+        against (Triton 3.4 to 3.6: CudaLauncher); otherwise the direct path calls
+        ``compiled.run``, Triton's Python wrapper around it."""
+        launcher = compiled.run
+        needed = ("launch", "global_scratch_size", "profile_scratch_size", "launch_cooperative_grid", "launch_pdl",
+                  "num_ctas")
+        if type(launcher).__name__ != "CudaLauncher" or not all(hasattr(launcher, a) for a in needed):
+            return
+        if launcher.profile_scratch_size:  # instrumented kernels: leave them to Triton
+            return
+        g0, g1, g2 = self.grid
+        self.scratch_bytes = g0 * g1 * g2 * launcher.num_ctas * launcher.global_scratch_size
+        self.c_head = (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl)
+        self.c_head_meta = (compiled.packed_metadata, None, None, None)
+        self.c_launch = launcher.launch
+
+
+def _set_allocator():
+    from triton.runtime import _allocation
+
+    var = getattr(_allocation, "_allocator", None)
+    if var is not None and hasattr(var, "set"):
+        return (var, var.set(_tma_scratch))
+    triton.set_allocator(_tma_scratch)
+    return None
+
+
+def _reset_allocator(token) -> None:
+    var, tok = token
+    var.reset(tok)

@@ -1,13 +1,14 @@
-"""The attention sweep: causal attention timed and measured across sequence length, head
-dim and dtype, ours against eager PyTorch and torch SDPA's backends.
+"""The attention sweep: attention timed and measured across sequence length, head dim,
+dtype and mask, ours against eager PyTorch and torch SDPA's backends.
 
     python -m perf.bench.attention [--seq 128:65536] [--dims 16 32 64 128] [--dtypes bf16 fp32]
         [--impls triton eager sdpa_flash sdpa_cudnn sdpa_efficient] [--passes forward backward forward_backward]
-        [--batch 1] [--heads 1] [--time-budget-s S] [--target SPEC] [--out DIR] [--device auto|cpu|cuda]
+        [--masks causal full] [--batch 1] [--heads 1] [--time-budget-s S] [--target SPEC] [--out DIR]
+        [--device auto|cpu|cuda]
 
 The grid is CS336's flash_benchmarking one: batch 1, causal, sequence lengths 128 to 65536
-(powers of two), head dims 16 to 128, bfloat16 and float32; one head unless ``--heads``.
-Inputs are (B, H, N, d) standard normal.
+(powers of two), head dims 16 to 128, bfloat16 and float32; one head unless ``--heads``;
+``--masks causal full`` adds the non-causal cases.  Inputs are (B, H, N, d) standard normal.
 
 Implementations (``--impls``)
     triton           this target's FlashAttention-2 in Triton (default target: impl)
@@ -26,7 +27,9 @@ is timed apart as ``first_ms`` and never enters the median.
 Passes: ``forward`` (the training forward: autograd records), ``backward`` (backward
 alone, from one forward's graph kept with retain_graph) and ``forward_backward``.
 Time: the median of ``triton.testing.do_bench`` on CUDA (a perf_counter median on the
-CPU).  Memory: torch.cuda.max_memory_allocated over one call of the pass, inputs and
+CPU).  Host time (CUDA only): microseconds the CPU spends issuing one call, from 20 calls
+with no synchronisation inside the loop; where it exceeds the GPU time the pass is
+launch-bound and the median measures the host, not the kernels.  Memory: torch.cuda.max_memory_allocated over one call of the pass, inputs and
 (for backward) the forward's saved tensors included.  A case that runs out of memory is
 recorded as "OOM" (the error is caught, memory freed, the sweep goes on).  ``--time-budget-s``
 stops between cases and writes what was measured.
@@ -65,7 +68,9 @@ CUDA_DEFAULTS = dict(seq=[2**i for i in range(7, 17)], dims=[16, 32, 64, 128], d
                      impls=["triton", "eager", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"])
 CPU_DEFAULTS = dict(seq=[16, 32, 64], dims=[16, 32], dtypes=["fp32"], impls=["triton", "eager", "sdpa"])
 
-TABLE_COLUMNS = ("impl", "dtype", "d", "seq", "pass", "batch", "heads", "ms", "tflops", "peak_mib", "first_ms", "status", "detail")
+TABLE_COLUMNS = ("impl", "causal", "dtype", "d", "seq", "pass", "batch", "heads", "ms", "tflops", "peak_mib", "first_ms",
+                 "host_us", "status", "detail")
+MASKS = {"causal": True, "full": False}
 
 
 # --- implementations -------------------------------------------------------------------
@@ -73,7 +78,7 @@ TABLE_COLUMNS = ("impl", "dtype", "d", "seq", "pass", "batch", "heads", "ms", "t
 
 @dataclass(frozen=True)
 class AttentionImpl:
-    """A causal attention over (B, H, N, d) and the context it must run in."""
+    """An attention ``fn(q, k, v, causal)`` over (B, H, N, d) and the context it must run in."""
 
     name: str
     fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -88,9 +93,9 @@ def _attention_function(flavour: str, target_spec: str | None):
 
 
 def _target_attention(flavour: str, target_spec: str | None):
-    def fn(q, k, v):
+    def fn(q, k, v, causal=True):
         # resolved on first use (a target that lacks it is "not offered"), then cached
-        return _attention_function(flavour, target_spec).apply(q, k, v, True)
+        return _attention_function(flavour, target_spec).apply(q, k, v, causal)
 
     return fn
 
@@ -99,13 +104,13 @@ def make_impl(name: str, target_spec: str | None = None) -> AttentionImpl:
     if name in ("triton", "pytorch"):
         return AttentionImpl(name, _target_attention(name, target_spec))
     if name == "eager":
-        return AttentionImpl(name, eager_attention)  # causal
+        return AttentionImpl(name, eager_attention)
     if name == "compiled_eager":
         # torch.compile of the materialised attention: Inductor fuses mask, scale and softmax
         # (recompiles per shape; the first call's time, compilation included, is first_ms)
         return AttentionImpl(name, torch.compile(eager_attention, dynamic=False))
     if name == "sdpa":
-        return AttentionImpl(name, sdpa_attention)  # causal, backend of PyTorch's choosing
+        return AttentionImpl(name, sdpa_attention)  # backend of PyTorch's choosing
     if name in SDPA_IMPLS:
         return AttentionImpl(name, sdpa_attention, functools.partial(sdpa_backend, name.removeprefix("sdpa_")))
     raise ValueError(f"unknown attention implementation {name!r}; expected one of {', '.join(IMPL_NAMES)}")
@@ -121,6 +126,7 @@ class Case:
     dtype: str
     batch: int = 1
     heads: int = 1
+    causal: bool = True
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -134,18 +140,18 @@ class Case:
         return make_inputs((self.batch, self.heads, self.seq, self.d), DTYPES[self.dtype], device, seed)
 
     def flops(self, pass_: str) -> float:
-        """Matmul FLOPs of one causal pass (``workloads.attention_flops``)."""
-        return attention_flops(self.batch, self.heads, self.seq, self.d, True, pass_)
+        """Matmul FLOPs of one pass (``workloads.attention_flops``)."""
+        return attention_flops(self.batch, self.heads, self.seq, self.d, self.causal, pass_)
 
 
-def pass_fn(impl: AttentionImpl, pass_: str, q, k, v, do):
+def pass_fn(impl: AttentionImpl, pass_: str, q, k, v, do, causal: bool = True):
     """The callable a timer repeats for one pass."""
     if pass_ == "forward":
-        return lambda: impl.fn(q, k, v)
+        return lambda: impl.fn(q, k, v, causal)
     if pass_ == "forward_backward":
-        return lambda: impl.fn(q, k, v).backward(do)
+        return lambda: impl.fn(q, k, v, causal).backward(do)
     if pass_ == "backward":
-        o = impl.fn(q, k, v)  # one forward; its graph is kept for every timed backward
+        o = impl.fn(q, k, v, causal)  # one forward; its graph is kept for every timed backward
         return lambda: o.backward(do, retain_graph=True)
     raise ValueError(f"unknown pass {pass_!r}; expected one of {', '.join(PASSES)}")
 
@@ -154,7 +160,8 @@ def measure_pass(impl: AttentionImpl, case: Case, pass_: str, device, *, warmup_
     """One row: median ms, TFLOP/s and peak MiB of one pass, or the reason it has none."""
     device = torch.device(device)
     row = dict(impl=impl.name, dtype=case.dtype, d=case.d, seq=case.seq, batch=case.batch, heads=case.heads,
-               causal=True, ms=None, tflops=None, peak_mib=None, first_ms=None, status=OK, detail="")
+               causal=case.causal, ms=None, tflops=None, peak_mib=None, first_ms=None, host_us=None, status=OK,
+               detail="")
     row["pass"] = pass_
     outcome, caught = None, []
     try:
@@ -162,7 +169,7 @@ def measure_pass(impl: AttentionImpl, case: Case, pass_: str, device, *, warmup_
             warnings.simplefilter("default")  # each distinct warning once: the backend's reasons, no per-call cost
             q, k, v, do = case.inputs(device)
             grads = [q, k, v]
-            run = pass_fn(impl, pass_, q, k, v, do)
+            run = pass_fn(impl, pass_, q, k, v, do, case.causal)
             started = time.perf_counter()
             run()  # compiles kernels, picks algorithms: timed apart, never in the median
             synchronize(device)
@@ -172,6 +179,7 @@ def measure_pass(impl: AttentionImpl, case: Case, pass_: str, device, *, warmup_
             with measure.PeakMemory(device) as peak:
                 run()
             ms = measure.median_ms(run, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grads)
+            row["host_us"] = measure.host_us_per_call(run, device, grad_to_none=grads)
         row.update(ms=ms, tflops=case.flops(pass_) / (ms * 1e-3) / 1e12, peak_mib=peak.mib)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row, the sweep goes on
         outcome = Outcome("not offered", str(exc)) if isinstance(exc, NotOffered) else Outcome.of(exc)
@@ -199,6 +207,7 @@ class SweepResult:
 
 def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls: Sequence[str | AttentionImpl],
           passes: Sequence[str] = PASSES, *, device="cpu", batch: int = 1, heads: int = 1,
+          masks: Sequence[str] = ("causal",),
           time_budget_s: float | None = None, target: str | None = None, warmup_ms: float = 25.0,
           rep_ms: float = 100.0, log=print) -> SweepResult:
     """Every (dtype, d, seq, impl, pass), smallest sequences first, until the budget runs out."""
@@ -206,12 +215,15 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
         if p not in PASSES:
             raise ValueError(f"unknown pass {p!r}; expected one of {', '.join(PASSES)}")
     impls = [i if isinstance(i, AttentionImpl) else make_impl(i, target) for i in impls]
-    cases = [Case(s, d, dt, batch, heads) for dt in dtypes for d in dims for s in sorted(seqs)]
+    for m in masks:
+        if m not in MASKS:
+            raise ValueError(f"unknown mask {m!r}; expected one of {', '.join(MASKS)}")
+    cases = [Case(s, d, dt, batch, heads, MASKS[m]) for m in masks for dt in dtypes for d in dims for s in sorted(seqs)]
     deadline = Deadline(time_budget_s)
     result = SweepResult()
     for case in cases:
         for impl in impls:
-            label = f"{impl.name} {case.dtype} d={case.d} N={case.seq}"
+            label = f"{impl.name} {case.dtype} d={case.d} N={case.seq}" + ("" if case.causal else " full")
             if deadline.expired:
                 result.not_run.append(label)
                 continue
@@ -221,7 +233,8 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
                 if log:
                     value = f"{row['ms']:10.3f} ms" if row["ms"] is not None else f"{row['status'][:60]:>13}"
                     mem = f"{row['peak_mib']:9.1f} MiB" if row["peak_mib"] is not None else ""
-                    log(f"  {label:38s} {pass_:16s} {value} {mem}")
+                    host = f" host {row['host_us']:8.1f} us" if row.get("host_us") is not None else ""
+                    log(f"  {label:43s} {pass_:16s} {value} {mem}{host}")
     if result.not_run and log:
         log(f"time budget of {time_budget_s} s reached: {len(result.not_run)} (impl, case) pairs not run")
     return result
@@ -233,10 +246,12 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
 def markdown_sections(result: SweepResult, impl_order: Sequence[str] | None = None) -> list[tuple[str, str]]:
     from perf.lib.tables import pivot_markdown
 
-    index = ("dtype", "d", "seq", "pass")
+    index = ("causal", "dtype", "d", "seq", "pass")
     sections = [
-        ("Attention time (ms, median; causal, B=%s, H=%s)" % _batch_heads(result),
+        ("Attention time (ms, median; B=%s, H=%s)" % _batch_heads(result),
          pivot_markdown(result.rows, index, "impl", "ms", impl_order)),
+        ("Host time per call (us: issuing the pass, no synchronisation; above the GPU time means launch-bound)",
+         pivot_markdown(result.rows, index, "impl", "host_us", impl_order)),
         ("Attention peak memory (MiB, torch.cuda.max_memory_allocated)",
          pivot_markdown(result.rows, index, "impl", "peak_mib", impl_order)),
         ("First call (ms: compilation, autotuning and tracing included; not in the medians)",
@@ -321,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), help="default bf16 fp32 on CUDA")
     parser.add_argument("--impls", nargs="+", choices=IMPL_NAMES)
     parser.add_argument("--passes", nargs="+", choices=PASSES, default=list(PASSES))
+    parser.add_argument("--masks", nargs="+", choices=sorted(MASKS), default=["causal"],
+                        help="causal (CS336's sweep) and/or full (no mask)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=1)
     parser.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warm-up (milliseconds)")
@@ -340,11 +357,12 @@ def main(argv: Sequence[str] | None = None) -> SweepResult:
     seqs = parse_lengths(opts.seq) if opts.seq else defaults["seq"]
     dims, dtypes, impls = opts.dims or defaults["dims"], opts.dtypes or defaults["dtypes"], opts.impls or defaults["impls"]
     meta = dict(measure.device_description(device), seqs=seqs, dims=dims, dtypes=dtypes, impls=impls,
-                passes=opts.passes, batch=opts.batch, heads=opts.heads, causal=True,
+                passes=opts.passes, batch=opts.batch, heads=opts.heads, masks=opts.masks,
                 timing="triton.testing.do_bench median" if device.type == "cuda" else "perf_counter median",
                 target=opts.target or "impl")
     print(f"attention sweep on {meta.get('gpu', device)}: seq {seqs}, d {dims}, {dtypes}, {impls}, {opts.passes}")
     result = sweep(seqs, dims, dtypes, impls, opts.passes, device=device, batch=opts.batch, heads=opts.heads,
+                   masks=opts.masks,
                    time_budget_s=opts.time_budget_s, target=opts.target, warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms)
     paths = write_outputs(result, opts.out, meta, plots=not opts.no_plots, impl_order=impls)
     print((Path(opts.out) / "attention.md").read_text())

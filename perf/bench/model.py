@@ -40,6 +40,7 @@ Outputs in ``--out`` (default ``perf-out/``): model.md, model.csv, model.json, m
 from __future__ import annotations
 
 import argparse
+import statistics
 import contextlib
 import gzip
 import shutil
@@ -68,7 +69,7 @@ CPU_DEFAULTS = dict(sizes=["tiny"], attention=["sdpa", "eager", "pytorch"], prec
                     modes=["forward", "forward_backward", "step"], batch=2, context=[64], warmup=1, steps=3)
 
 TABLE_COLUMNS = ("size", "attention", "precision", "mode", "compiled", "batch", "context", "warmup", "steps",
-                 "mean_ms", "std_ms", "first_ms", "min_ms", "tokens_per_s", "peak_mib", "compile_s", "status")
+                 "median_ms", "mean_ms", "std_ms", "first_ms", "min_ms", "tokens_per_s", "peak_mib", "compile_s", "status")
 
 
 def set_attention(model: gpt.GPT, backend: str) -> None:
@@ -153,7 +154,7 @@ class ModelCase:
 def measure_case(model: gpt.GPT, case: ModelCase, *, warmup: int, steps: int) -> dict:
     """One row: step times (mean, std, first, min), tokens/s and peak memory, or why not."""
     device = next(model.parameters()).device
-    row = case.row(warmup=warmup, steps=steps, mean_ms=None, std_ms=None, first_ms=None, min_ms=None,
+    row = case.row(warmup=warmup, steps=steps, median_ms=None, mean_ms=None, std_ms=None, first_ms=None, min_ms=None,
                    tokens_per_s=None, peak_mib=None, compile_s=None, status=OK, detail="", times_ms=[])
     outcome, optimizer, step = None, None, None
     try:
@@ -169,7 +170,7 @@ def measure_case(model: gpt.GPT, case: ModelCase, *, warmup: int, steps: int) ->
         with measure.PeakMemory(device) as peak:
             times = measure.time_calls(step, device, warmup=0, steps=steps)
         mean, std = measure.mean_std(times)
-        row.update(mean_ms=mean * 1e3, std_ms=std * 1e3, first_ms=times[0] * 1e3, min_ms=min(times) * 1e3,
+        row.update(median_ms=statistics.median(times) * 1e3, mean_ms=mean * 1e3, std_ms=std * 1e3, first_ms=times[0] * 1e3, min_ms=min(times) * 1e3,
                    tokens_per_s=case.batch * case.context / mean, peak_mib=peak.mib,
                    times_ms=[t * 1e3 for t in times])
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row, the run goes on
@@ -347,7 +348,7 @@ def markdown_sections(rows: Sequence[dict], heading: str = "Model benchmark") ->
     columns = list(TABLE_COLUMNS)
     if any(r.get("speedup_vs_eager") is not None for r in rows):
         columns.insert(columns.index("peak_mib"), "speedup_vs_eager")
-    headers = [{"mean_ms": "mean ms", "std_ms": "std ms", "first_ms": "first ms", "min_ms": "min ms",
+    headers = [{"median_ms": "median ms", "mean_ms": "mean ms", "std_ms": "std ms", "first_ms": "first ms", "min_ms": "min ms",
                 "tokens_per_s": "tokens/s", "peak_mib": "peak MiB", "speedup_vs_eager": "x eager"}.get(c, c)
                for c in columns]
     sections = [(heading, markdown_table(rows, columns, headers))]

@@ -149,6 +149,24 @@ def median_ms(fn: Callable[[], object], device, *, warmup_ms: float = 25, rep_ms
     return statistics.median(times) * 1e3
 
 
+def host_us_per_call(fn: Callable[[], object], device, *, calls: int = 20,
+                     grad_to_none: Sequence[torch.Tensor] | None = None) -> float | None:
+    """Microseconds the host spends issuing one call: ``calls`` calls with no synchronisation
+    inside the loop (the GPU works behind), divided by ``calls``.  None on the CPU, where
+    host and device time are the same thing."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        _clear_grads(grad_to_none)
+        fn()
+    host = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize(device)
+    return host
+
+
 class Deadline:
     """A wall-clock budget: ``expired`` once ``seconds`` have passed (never, for None)."""
 

@@ -2,6 +2,12 @@
 take it, and the device time of each kernel, for our Triton attention and torch SDPA.
 
     python perf/scripts/attention_host_overhead.py [--out DIR] [--seq 128 512] [--calls 200]
+        [--before MODULE]
+
+Variants of ours: ``triton`` (launch plans, compiled kernels launched directly),
+``triton_run`` (the same plans, every launch through Triton's JITFunction.run), and, with
+``--before impl.attention.some_module``, an older flash_triton kept as a module (the
+comparison in one run).
 
 Host time: ``perf_counter`` around ``calls`` launches with no synchronisation inside the
 loop (what the CPU spends issuing the work), then one synchronise.  If host time per call
@@ -65,17 +71,31 @@ def main():
     p.add_argument("--out", default="perf-out")
     p.add_argument("--seq", nargs="+", type=int, default=[128, 512])
     p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--before", default=None, help="module of an older flash_triton to compare with")
     a = p.parse_args()
+    import importlib
+
+    from impl.attention import triton_launch
     from impl.attention.flash_triton import FlashAttentionTriton
 
-    impls = {"triton": lambda q, k, v: FlashAttentionTriton.apply(q, k, v, True),
-             "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
+    def direct(on):
+        def fn(q, k, v):
+            triton_launch.DIRECT = on
+            return FlashAttentionTriton.apply(q, k, v, True)
+        return fn
+
+    impls = {"triton": direct(True), "triton_run": direct(False)}
+    if a.before:
+        before = importlib.import_module(a.before).FlashAttentionTriton
+        impls["before"] = lambda q, k, v: before.apply(q, k, v, True)
+    impls["sdpa"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     for n in a.seq:
         q, k, v, do = _inputs(n)
         for name, attn in impls.items():
             o = attn(q, k, v)
             fwd = lambda: attn(q, k, v)  # noqa: E731
+            # (the backward runs under the DIRECT flag this variant's forward set)
             bwd = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
             row = {"forward_host_us": host_us(fwd, a.calls), "backward_host_us": host_us(bwd, a.calls),
                    "forward_kernels_us": kernels(fwd), "backward_kernels_us": kernels(bwd)}

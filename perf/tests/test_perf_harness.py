@@ -14,7 +14,7 @@ from perf.lib import measure, plots, tables
 from perf.bench.attention import AttentionImpl, Case
 
 
-def _raise_oom(q, k, v):
+def _raise_oom(q, k, v, causal=True):
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB (simulated)")
 
 

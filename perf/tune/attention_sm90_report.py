@@ -91,7 +91,7 @@ def kernels_of(cand, anchor) -> dict:
     dkdv_args = (t, t, t, t, vec, vec, t, t, *t.stride() * 6, h, n, n, n // c.dkdv_block_n, 0.125)
     dkdv_ce = dict(HEAD_DIM=d, BLOCK_M=c.dkdv_block_m, BLOCK_N=c.dkdv_block_n, BLOCK_D=block_d, IS_CAUSAL=causal,
                    KEYS_EVEN=True, LONGEST_FIRST=lpt, USE_TMA=c.tma, **dots)
-    dq_args = (t, t, t, t, vec, vec, t, *t.stride() * 5, h, n, n, n // c.dq_block_m, 0.125)
+    dq_args = (t, t, t, t, t, vec, vec, t, *t.stride() * 6, h, n, n, n // c.dq_block_m, 0.125)
     dq_ce = dict(HEAD_DIM=d, BLOCK_M=c.dq_block_m, BLOCK_N=c.dq_block_n, BLOCK_D=block_d, IS_CAUSAL=causal,
                  LONGEST_FIRST=lpt, USE_TMA=c.tma, **dots)
     return {

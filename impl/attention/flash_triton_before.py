@@ -1,0 +1,772 @@
+"""FlashAttention-2 forward and backward in Triton kernels (Dao, 2023, Algorithms 1 and 2).
+
+Contract
+    FlashAttentionTriton.apply(q, k, v, is_causal=False, scale=None) -> O
+    q: (..., N_q, d), k and v: (..., N_k, d), equal leading dims, any number of them.
+    Any strides: the kernels take strides for two batch levels (batch, head), a sequence
+    stride and a head-dim stride, so a (B, N, H, d) tensor transposed to (B, H, N, d) is
+    read in place.  Three or more leading dims are merged into two by a view where the
+    strides allow it and copied only where they do not.
+    N_q, N_k >= 1, any lengths, N_q != N_k allowed.  Head dim d in 1..256; tiles are
+    BLOCK_D = next power of two >= max(16, d) wide, the padded columns masked to zero.
+    dtypes float16, bfloat16, float32.  float32 dots run with input_precision="ieee" (not
+    tf32); float16/bfloat16 dots accumulate in float32 and P is cast to the input dtype
+    for the P V product.  Softmax statistics are always float32.
+    Devices: CUDA, or CPU under the Triton interpreter (TRITON_INTERPRET=1 set before
+    triton is imported).  Under the interpreter, bfloat16 dot operands are widened to
+    float32 (the interpreter's bf16 dot is wrong; bf16 products are exact in float32, as
+    in the GPU's MMA) and scores are summed over d in a fixed order (see _scores).
+    is_causal: query i sees keys j <= i, top-left aligned (absolute indices, also for
+    N_q != N_k).  scale: softmax scale, default 1/sqrt(d).  The forward keeps the
+    running max in raw-score units and folds scale * log2(e) into one multiply before
+    exp2; the backward computes exp2((scale s - L) * log2(e)).
+    Returns O in the input dtype (contiguous, shape of q).  Saved for backward: q, k, v,
+    O, and L = logsumexp of the scaled scores (natural log, float32, shape q.shape[:-1],
+    contiguous), the only saved tensor of that shape.
+    Backward: a preprocess kernel D = rowsum(dO * O); a dK/dV kernel (one program per key
+    tile and batch-head, looping over query tiles, from the diagonal on under causal);
+    a dQ kernel (one program per query tile and batch-head, looping over key tiles).
+    P = exp(S - L) is recomputed; no atomics; N_q x N_k is never materialised.
+    Scores s = Q K^T come out bit-identical in the forward and both backward kernels, and
+    the kernels compile without fused multiply-add, so the backward's exp(scale s - L) is
+    exactly 1 where a row sees one key (see _scores and _launch).
+    Tile sizes: a small table per (device kind, dtype, head dim; the backward also per
+    causal or not where that measured differently); ``flash_forward`` and
+    ``flash_backward`` take a ``config`` override (ForwardConfig / BackwardConfig or a
+    dict of their fields).  Besides tiles, warps and stages a config chooses:
+      longest_first  under causal masking, launch the programs with the most key (query)
+                     tiles first, batch-heads innermost, so the last wave is short ones;
+      tma            load the looped-over tiles through tensor descriptors (TMA on Hopper),
+                     where every stride but the last is a multiple of 16 bytes and the last
+                     is 1; otherwise, or when Triton lacks descriptors, pointer loads;
+      fp_fusion      (forward only) let the compiler fuse multiply-adds; the backward never
+                     does (see _launch).
+    Descriptors made inside a kernel need scratch memory on the GPU: a launch that uses them
+    sets Triton's allocator for its own duration.
+
+Every key loop runs in stages: key tiles that no row of the query tile masks run without
+any masking work; only the tiles that straddle the causal diagonal or the end of the
+sequence apply masks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, fields, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from impl.attention.validation import interpreter_enabled, validate_attention_inputs
+
+_LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e))
+
+# ---------------------------------------------------------------------------------------
+# Shared tile helpers
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_tile(base, offs_rows, stride_rows, n_rows, offs_d, stride_d,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr):
+    """A (rows, BLOCK_D) tile; rows >= n_rows (if checked) and columns >= HEAD_DIM read 0."""
+    ptrs = base + offs_rows[:, None] * stride_rows + offs_d[None, :] * stride_d
+    if CHECK_ROWS:
+        if HEAD_DIM == BLOCK_D:
+            tile = tl.load(ptrs, mask=offs_rows[:, None] < n_rows, other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=(offs_rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    else:
+        if HEAD_DIM == BLOCK_D:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return tile
+
+
+@triton.jit
+def _store_tile(base, tile, offs_rows, stride_rows, n_rows, offs_d, stride_d, HEAD_DIM: tl.constexpr):
+    ptrs = base + offs_rows[:, None] * stride_rows + offs_d[None, :] * stride_d
+    tl.store(ptrs, tile.to(base.dtype.element_ty), mask=(offs_rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """acc + a @ b with a float32 accumulator (operands widened where the interpreter needs it)."""
+    if DOT_IN_FP32:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _scores(a, b, acc, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+    """acc + a @ b^T in float32 for a: (M, D), b: (N, D).
+
+    The forward, dQ and dK/dV kernels must agree on every score to the last bit: the
+    backward's P = exp(scale s - L) is then exactly 1 where one key holds all the weight,
+    as in the eager softmax (a few ulps of disagreement, times |S| in the hundreds, broke
+    the fp32 oracle).  On the GPU, tl.dot over the same d rounds alike for any tile shape
+    and operand order (perf/tune/attention_gpu_check.py probes it, fp32/fp16/bf16); numpy's
+    BLAS under the interpreter does not, so there each score is a plain sum over d.
+    """
+    if INTERPRETED:
+        s = acc + tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], 2)  # exact products
+    else:
+        s = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
+    return s
+
+
+@triton.jit
+def _tile_coords(pid, n_row_tiles, H, LONGEST_FIRST: tl.constexpr, WORK_GROWS: tl.constexpr):
+    """Program id -> (row tile, batch, head).
+
+    Default: consecutive programs walk one batch-head's tiles (they share its K and V in L2).
+    LONGEST_FIRST: consecutive programs walk the batch-heads of one tile, and tiles go from
+    the most work to the least (longest-processing-time-first), so the GPU's last wave holds
+    short programs instead of a few long ones.  WORK_GROWS: a tile's work grows with its
+    index (query tiles under causal masking), else it shrinks (key tiles).
+    """
+    if LONGEST_FIRST:
+        n_bh = tl.num_programs(0) // n_row_tiles
+        rank = pid // n_bh
+        bh = pid % n_bh
+        if WORK_GROWS:
+            tile = n_row_tiles - 1 - rank
+        else:
+            tile = rank
+    else:
+        tile = pid % n_row_tiles
+        bh = pid // n_row_tiles
+    return tile, (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+
+
+@triton.jit
+def _tile_source(base, n_rows, stride_rows, BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """What the loops load tiles from: a tensor descriptor of the (n_rows, HEAD_DIM) matrix at
+    ``base`` (rows and columns past the ends read 0), or the base pointer itself."""
+    if USE_TMA:
+        src = tl.make_tensor_descriptor(base, shape=[n_rows, HEAD_DIM], strides=[stride_rows, 1],
+                                        block_shape=[BLOCK_ROWS, BLOCK_D])
+    else:
+        src = base
+    return src
+
+
+@triton.jit
+def _load_rows(src, offs_rows, start, stride_rows, n_rows, offs_d, stride_d,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows start .. start + len(offs_rows) of a tile source (see _tile_source and _load_tile)."""
+    if USE_TMA:
+        tile = src.load([start, 0])
+    else:
+        tile = _load_tile(src, offs_rows, stride_rows, n_rows, offs_d, stride_d, HEAD_DIM, BLOCK_D, CHECK_ROWS)
+    return tile
+
+
+# ---------------------------------------------------------------------------------------
+# Forward
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_key_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                   offs_m, offs_d, lo, hi, N_K, qk_scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Online softmax over key tiles [lo, hi); MASKED tiles apply the causal and length masks."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_src, offs_n, start_n, stride_kn, N_K, offs_d, stride_kd, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        v = _load_rows(v_src, offs_n, start_n, stride_vn, N_K, offs_d, stride_vd, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        # Raw scores Q_i K_j^T; the running max m is kept in these unscaled units.
+        s = _scores(q, k, tl.zeros([q.shape[0], BLOCK_N], tl.float32), DOT_PRECISION, INTERPRETED)
+        if MASKED:
+            visible = offs_n[None, :] < N_K
+            if IS_CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # running max (every row sees key 0 first)
+        # exp(scale (s - m)) = exp2((s - m) * scale * log2(e)); s - m is exact near the max
+        p = tl.math.exp2((s - m_new[:, None]) * qk_scale)
+        alpha = tl.math.exp2((m_i - m_new) * qk_scale)  # rescales what was summed under the old max
+        l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P)
+        acc = acc * alpha[:, None]
+        acc = _dot(p.to(v.dtype), v, acc, DOT_PRECISION, DOT_IN_FP32)  # acc = alpha acc + P V
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["H", "N_Q", "N_K", "n_m_tiles"])
+def _flash_fwd_kernel(
+    Q, K, V, O, L,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, N_Q, N_K, n_m_tiles, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """One program per (query tile, batch-head): O_i and L_i for BLOCK_M query rows."""
+    pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H, LONGEST_FIRST, True)
+    q_base = Q + b * stride_qb + h * stride_qh
+    k_src = _tile_source(K + b * stride_kb + h * stride_kh, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    v_src = _tile_source(V + b * stride_vb + h * stride_vh, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q = _load_tile(q_base, offs_m, stride_qn, N_Q, offs_d, stride_qd, HEAD_DIM, BLOCK_D, True)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the raw scores Q K^T
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp(scale (s - m))
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # unnormalised O
+
+    full_hi = (N_K // BLOCK_N) * BLOCK_N  # key tiles below this are inside the sequence
+    if IS_CAUSAL:
+        hi = tl.minimum(N_K, start_m + BLOCK_M)  # tiles past the last row's diagonal are skipped
+        bulk_hi = tl.minimum(((start_m + 1) // BLOCK_N) * BLOCK_N, full_hi)  # all keys <= first row
+    else:
+        hi = N_K
+        bulk_hi = full_hi
+    acc, l_i, m_i = _fwd_key_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                                   offs_m, offs_d, 0, bulk_hi, N_K, qk_scale,
+                                   HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, USE_TMA,
+                                   DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+    acc, l_i, m_i = _fwd_key_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                                   offs_m, offs_d, bulk_hi, hi, N_K, qk_scale,
+                                   HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, USE_TMA,
+                                   DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+
+    o = acc / l_i[:, None]  # O_i = diag(l_i)^-1 acc
+    # L_i = scale m_i + log l_i.  The backward recomputes scale * s with the same rounding,
+    # so exp(scale s - L) is 1/l exactly where s is the max: no base-2 round trip of L.
+    # (A fused multiply-add here is harmless: where l = 1, log l = 0 and fma rounds once.)
+    lse = m_i * sm_scale + tl.log(l_i)
+    _store_tile(O + b * stride_ob + h * stride_oh, o, offs_m, stride_on, N_Q, offs_d, stride_od, HEAD_DIM)
+    tl.store(L + (b * H + h) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+
+
+# ---------------------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["H", "N_Q", "n_m_tiles"])
+def _flash_bwd_preprocess_kernel(
+    O, DO, Delta,
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    H, N_Q, n_m_tiles,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """D_i = rowsum(dO_i * O_i) in float32."""
+    pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H, False, True)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = _load_tile(O + b * stride_ob + h * stride_oh, offs_m, stride_on, N_Q, offs_d, stride_od, HEAD_DIM, BLOCK_D, True)
+    do = _load_tile(DO + b * stride_dob + h * stride_doh, offs_m, stride_don, N_Q, offs_d, stride_dod,
+                    HEAD_DIM, BLOCK_D, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + (b * H + h) * N_Q + offs_m, delta, mask=offs_m < N_Q)
+
+
+@triton.jit
+def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
+                      stride_qn, stride_qd, stride_don, stride_dod,
+                      offs_n, offs_d, lo, hi, N_Q, sm_scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                      MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, KEYS_EVEN: tl.constexpr, USE_TMA: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Accumulate dK_j, dV_j over query tiles [lo, hi), in transposed form (keys are rows).
+
+    Rows past N_Q read L = +inf, so their P is exactly 0.  Unless every key tile is full
+    (KEYS_EVEN), keys past N_K start from key_bias = -inf, so their P is 0 too; with full
+    tiles the accumulator starts at 0 and holds no (BLOCK_N, BLOCK_M) bias in registers.
+    """
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _load_rows(q_src, offs_m, start_m, stride_qn, N_Q, offs_d, stride_qd, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        do = _load_rows(do_src, offs_m, start_m, stride_don, N_Q, offs_d, stride_dod, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        if MASKED:
+            lse = tl.load(l_base + offs_m, mask=offs_m < N_Q, other=float("inf"))
+            delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
+        else:
+            lse = tl.load(l_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
+        # P^T = exp(scale K Q^T - L) = exp2((scale K Q^T - L) * log2(e))
+        if KEYS_EVEN:
+            s_t = _scores(k, q, tl.zeros([k.shape[0], BLOCK_M], tl.float32), DOT_PRECISION, INTERPRETED)
+        else:
+            s_t = _scores(k, q, key_bias, DOT_PRECISION, INTERPRETED)
+        if MASKED:
+            if IS_CAUSAL:
+                s_t = tl.where(offs_m[None, :] >= offs_n[:, None], s_t, float("-inf"))
+        p_t = tl.math.exp2((s_t * sm_scale - lse[None, :]) * _LOG2E)
+        dv = _dot(p_t.to(do.dtype), do, dv, DOT_PRECISION, DOT_IN_FP32)  # dV_j += P^T dO_i
+        # dP^T = V dO^T;  dS^T = P^T * (dP^T - D)
+        dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], BLOCK_M], tl.float32), DOT_PRECISION, DOT_IN_FP32)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = _dot(ds_t.to(q.dtype), q, dk, DOT_PRECISION, DOT_IN_FP32)  # dK_j += dS^T Q_i (scale applied at the end)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["H", "N_Q", "N_K", "n_n_tiles"])
+def _flash_bwd_dkdv_kernel(
+    Q, K, V, DO, L, Delta, DK, DV,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    H, N_Q, N_K, n_n_tiles, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, KEYS_EVEN: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """One program per (key tile, batch-head): dK_j and dV_j for BLOCK_N keys."""
+    pid_n, b, h = _tile_coords(tl.program_id(0), n_n_tiles, H, LONGEST_FIRST, False)
+    q_src = _tile_source(Q + b * stride_qb + h * stride_qh, N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+    do_src = _tile_source(DO + b * stride_dob + h * stride_doh, N_Q, stride_don, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+    l_base = L + (b * H + h) * N_Q
+    delta_base = Delta + (b * H + h) * N_Q
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    # Key rows past N_K read 0; their dK/dV rows are never stored.
+    k = _load_tile(K + b * stride_kb + h * stride_kh, offs_n, stride_kn, N_K, offs_d, stride_kd, HEAD_DIM, BLOCK_D, True)
+    v = _load_tile(V + b * stride_vb + h * stride_vh, offs_n, stride_vn, N_K, offs_d, stride_vd, HEAD_DIM, BLOCK_D, True)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    if KEYS_EVEN:
+        key_bias = 0.0  # unused: every key of every tile is inside the sequence
+    else:
+        # Scores of padding keys start at -inf (the dot's accumulator), so their P is 0.
+        key_bias = tl.where(offs_n < N_K, 0.0, float("-inf"))[:, None] + tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+
+    full_hi = (N_Q // BLOCK_M) * BLOCK_M  # query tiles below this are inside the sequence
+    if IS_CAUSAL:
+        # Rows < start_n see none of these keys; start at the tile holding row start_n.
+        lo = (start_n // BLOCK_M) * BLOCK_M
+        # First query tile whose every row sees every key of this tile (row >= start_n + BLOCK_N - 1).
+        diag_hi = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
+                                   stride_qn, stride_qd, stride_don, stride_dod,
+                                   offs_n, offs_d, lo, tl.minimum(diag_hi, N_Q), N_Q, sm_scale,
+                                   HEAD_DIM, BLOCK_M, BLOCK_D, True, True, KEYS_EVEN, USE_TMA,
+                                   DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+        tail_lo = tl.maximum(diag_hi, full_hi)
+    else:
+        diag_hi = 0
+        tail_lo = full_hi
+    # Full tiles below the diagonal: no masking work.
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
+                               stride_qn, stride_qd, stride_don, stride_dod,
+                               offs_n, offs_d, diag_hi, full_hi, N_Q, sm_scale,
+                               HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, KEYS_EVEN, USE_TMA,
+                               DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+    # The partial last query tile, if it was not a diagonal tile.
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
+                               stride_qn, stride_qd, stride_don, stride_dod,
+                               offs_n, offs_d, tail_lo, N_Q, N_Q, sm_scale,
+                               HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, KEYS_EVEN, USE_TMA,
+                               DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+
+    dk = dk * sm_scale  # dK = scale * dS^T Q
+    _store_tile(DK + b * stride_dkb + h * stride_dkh, dk, offs_n, stride_dkn, N_K, offs_d, stride_dkd, HEAD_DIM)
+    _store_tile(DV + b * stride_dvb + h * stride_dvh, dv, offs_n, stride_dvn, N_K, offs_d, stride_dvd, HEAD_DIM)
+
+
+@triton.jit
+def _dq_key_tiles(dq, q, do, lse, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                  offs_m, offs_d, lo, hi, N_K, sm_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Accumulate dQ_i over key tiles [lo, hi)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_src, offs_n, start_n, stride_kn, N_K, offs_d, stride_kd, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        v = _load_rows(v_src, offs_n, start_n, stride_vn, N_K, offs_d, stride_vd, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        s = _scores(q, k, tl.zeros([q.shape[0], BLOCK_N], tl.float32), DOT_PRECISION, INTERPRETED)
+        s = s * sm_scale  # S = scale Q K^T, rounded as in the forward's L
+        if MASKED:
+            visible = offs_n[None, :] < N_K
+            if IS_CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(visible, s, float("-inf"))
+        p = tl.math.exp2((s - lse[:, None]) * _LOG2E)  # P = exp(S - L)
+        dp = _dot(do, tl.trans(v), tl.zeros([q.shape[0], BLOCK_N], tl.float32), DOT_PRECISION, DOT_IN_FP32)
+        ds = p * (dp - delta[:, None])  # dS = P * (dO V^T - D)
+        dq = _dot(ds.to(k.dtype), k, dq, DOT_PRECISION, DOT_IN_FP32)  # dQ_i += dS K_j (scale at the end)
+    return dq
+
+
+@triton.jit(do_not_specialize=["H", "N_Q", "N_K", "n_m_tiles"])
+def _flash_bwd_dq_kernel(
+    Q, K, V, DO, L, Delta, DQ,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    H, N_Q, N_K, n_m_tiles, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """One program per (query tile, batch-head): dQ_i for BLOCK_M query rows."""
+    pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H, LONGEST_FIRST, True)
+    k_src = _tile_source(K + b * stride_kb + h * stride_kh, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    v_src = _tile_source(V + b * stride_vb + h * stride_vh, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q = _load_tile(Q + b * stride_qb + h * stride_qh, offs_m, stride_qn, N_Q, offs_d, stride_qd, HEAD_DIM, BLOCK_D, True)
+    do = _load_tile(DO + b * stride_dob + h * stride_doh, offs_m, stride_don, N_Q, offs_d, stride_dod,
+                    HEAD_DIM, BLOCK_D, True)
+    # Rows past N_Q read L = +inf: their P is 0.
+    lse = tl.load(L + (b * H + h) * N_Q + offs_m, mask=offs_m < N_Q, other=float("inf"))
+    delta = tl.load(Delta + (b * H + h) * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    full_hi = (N_K // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        hi = tl.minimum(N_K, start_m + BLOCK_M)
+        bulk_hi = tl.minimum(((start_m + 1) // BLOCK_N) * BLOCK_N, full_hi)
+    else:
+        hi = N_K
+        bulk_hi = full_hi
+    dq = _dq_key_tiles(dq, q, do, lse, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                       offs_m, offs_d, 0, bulk_hi, N_K, sm_scale,
+                       HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, USE_TMA, DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+    dq = _dq_key_tiles(dq, q, do, lse, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                       offs_m, offs_d, bulk_hi, hi, N_K, sm_scale,
+                       HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, USE_TMA, DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+
+    dq = dq * sm_scale  # dQ = scale * dS K
+    _store_tile(DQ + b * stride_dqb + h * stride_dqh, dq, offs_m, stride_dqn, N_Q, offs_d, stride_dqd, HEAD_DIM)
+
+
+# ---------------------------------------------------------------------------------------
+# Tile configurations
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForwardConfig:
+    block_m: int  # query rows per program
+    block_n: int  # keys per loop step
+    num_warps: int = 4
+    num_stages: int = 2
+    longest_first: bool = False  # causal: longest programs first, batch-heads innermost
+    tma: bool = False  # key/value tiles through tensor descriptors where the layout allows
+    fp_fusion: bool = False  # let the compiler fuse multiply-adds (safe in the forward, see _launch)
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    dkdv_block_n: int  # keys per dK/dV program
+    dkdv_block_m: int  # query rows per dK/dV loop step
+    dq_block_m: int  # query rows per dQ program
+    dq_block_n: int  # keys per dQ loop step
+    num_warps: int = 4  # dK/dV kernel (and dQ kernel unless dq_num_warps is set)
+    num_stages: int = 2
+    preprocess_block_m: int = 64
+    dq_num_warps: int | None = None  # None: num_warps
+    dq_num_stages: int | None = None  # None: num_stages
+    longest_first: bool = False  # causal: longest programs first, batch-heads innermost
+    tma: bool = False  # looped-over tiles (Q, dO for dK/dV; K, V for dQ) through tensor descriptors
+
+
+# The interpreter runs one program at a time and pays per tile operation, not per element:
+# a few large tiles are faster than many small ones.  longest_first changes only the order
+# of programs; it is on here so the CPU suite checks its index arithmetic.
+_INTERPRETER_FWD = ForwardConfig(64, 64, 4, 1, longest_first=True)
+_INTERPRETER_BWD = BackwardConfig(64, 64, 64, 64, 4, 1, longest_first=True)
+
+# GPU (sm80/sm90): (dtype is 32-bit, head-dim bound) -> config.  Shared memory holds
+# num_stages copies of the K and V tiles (forward) or the Q and dO tiles (backward).
+# The 16-bit d<=64 and d<=128 entries are the fastest configs that passed the checks in
+# perf/tune/tune_attention.py on an H100 (perf/notes/ATTENTION_NOTES.md); the others are first picks.
+_GPU_FWD = {
+    (False, 64): ForwardConfig(128, 64, 8, 3, longest_first=True),
+    (False, 128): ForwardConfig(128, 64, 8, 3, longest_first=True, tma=True),
+    (False, 256): ForwardConfig(64, 32, 4, 2),
+    (True, 64): ForwardConfig(64, 32, 4, 2),
+    (True, 128): ForwardConfig(64, 32, 4, 2),
+    (True, 256): ForwardConfig(32, 32, 4, 1),
+}
+_GPU_BWD = {
+    (False, 64): BackwardConfig(128, 32, 64, 64, 4, 3, 128, longest_first=True, tma=True),
+    (False, 128): BackwardConfig(64, 32, 64, 32, 4, 2, 128, longest_first=True, tma=True),
+    (False, 256): BackwardConfig(32, 32, 32, 32, 4, 1, 64),
+    (True, 64): BackwardConfig(64, 32, 64, 32, 4, 2, 64),
+    (True, 128): BackwardConfig(32, 32, 32, 32, 4, 1, 64),
+    (True, 256): BackwardConfig(32, 16, 32, 16, 4, 1, 32),
+}
+# Without a causal mask every program has the same work and the 64x64 tiles measured ~8%
+# faster at d=64 (fwd+bwd 10.7 vs 11.6 ms, B=1 H=16 N=16384, H100): where they differ.
+_GPU_BWD_NON_CAUSAL = {
+    (False, 64): BackwardConfig(64, 64, 64, 64, 4, 2, 128),
+}
+
+
+def _head_dim_bucket(block_d: int) -> int:
+    return 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
+
+
+def default_forward_config(dtype: torch.dtype, head_dim: int, device: torch.device) -> ForwardConfig:
+    if device.type != "cuda":
+        return _INTERPRETER_FWD
+    return _GPU_FWD[(dtype == torch.float32, _head_dim_bucket(_block_d(head_dim)))]
+
+
+def default_backward_config(dtype: torch.dtype, head_dim: int, device: torch.device,
+                            is_causal: bool = True) -> BackwardConfig:
+    if device.type != "cuda":
+        return _INTERPRETER_BWD
+    key = (dtype == torch.float32, _head_dim_bucket(_block_d(head_dim)))
+    if not is_causal and key in _GPU_BWD_NON_CAUSAL:
+        return _GPU_BWD_NON_CAUSAL[key]
+    return _GPU_BWD[key]
+
+
+def _coerce_config(config, cls, default):
+    if config is None:
+        return default
+    if isinstance(config, cls):
+        return config
+    if isinstance(config, dict):
+        names = {f.name for f in fields(cls)}
+        unknown = set(config) - names
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown field(s) {sorted(unknown)}; expected {sorted(names)}")
+        return replace(default, **config)
+    raise TypeError(f"config must be a {cls.__name__}, a dict of its fields, or None; got {type(config).__name__}")
+
+
+def _check_blocks(**blocks: int) -> None:
+    for name, value in blocks.items():
+        if not (isinstance(value, int) and value >= 16 and value & (value - 1) == 0):
+            raise ValueError(f"tile size {name}={value!r} must be a power of two >= 16")
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+# ---------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------
+
+
+def _as_4d(t: torch.Tensor) -> torch.Tensor:
+    """(..., N, d) -> (B, H, N, d), a view whenever the strides allow one."""
+    if t.dim() == 2:
+        return t[None, None]
+    if t.dim() == 3:
+        return t[:, None]
+    if t.dim() == 4:
+        return t
+    return t.reshape(-1, *t.shape[-3:])  # merges the outer batch dims; copies only if it must
+
+
+def _dot_settings(dtype: torch.dtype) -> dict:
+    return dict(
+        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",  # no tf32 for fp32 inputs
+        DOT_IN_FP32=dtype == torch.bfloat16 and interpreter_enabled(),
+        INTERPRETED=interpreter_enabled(),
+    )
+
+
+def _tma_ready(*tensors: torch.Tensor) -> bool:
+    """Tensor descriptors can read these (B, H, N, d) tensors: Triton has them, the head dim
+    is contiguous, and every base and other stride is a multiple of 16 bytes."""
+    if not hasattr(tl, "make_tensor_descriptor"):
+        return False
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any((stride * size) % 16 for stride in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _tma_scratch(size: int, alignment: int, stream):
+    """Global memory where kernels write the tensor descriptors they make (128 B each)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+@contextlib.contextmanager
+def _descriptor_allocator(active: bool):
+    """Triton's allocator set to _tma_scratch for one launch, the caller's restored after."""
+    from triton.runtime import _allocation
+
+    var = getattr(_allocation, "_allocator", None)
+    if not active:
+        yield
+    elif var is not None and hasattr(var, "set") and hasattr(var, "reset"):
+        token = var.set(_tma_scratch)
+        try:
+            yield
+        finally:
+            var.reset(token)
+    else:  # a Triton without the context variable: set it for good
+        triton.set_allocator(_tma_scratch)
+        yield
+
+
+def _launch(kernel, grid, args, constexprs, device, num_warps: int, num_stages: int, fp_fusion: bool = False):
+    """Launch; on a GPU that lacks the resources for this config, fall back to a lighter one.
+
+    enable_fp_fusion=False for the backward: scale * s must round to the same bits in the
+    forward's L and in the backward's exp(scale s - L); a fused multiply-add there skips
+    that rounding (seen on an H100: fp32, d=80, a row with one visible key got P = 1 - 2e-6,
+    not 1).  The forward may fuse (ForwardConfig.fp_fusion): its only multiply-adds are
+    l = alpha l + rowsum(P) and L = scale m + log l, and where one key holds all the weight
+    (l = 1, log l = 0) the fused L = fma(m, scale, 0) rounds like scale * m.
+    """
+    if device.type != "cuda":  # the interpreter takes no launch options
+        kernel[grid](*args, **constexprs)
+        return
+    opts = dict(num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion)
+    with _descriptor_allocator(bool(constexprs.get("USE_TMA"))):
+        try:
+            kernel[grid](*args, **constexprs, **opts)
+        except triton.runtime.errors.OutOfResources as exc:
+            if opts["num_stages"] <= 1:
+                raise
+            warnings.warn(f"{kernel.fn.__name__}: {exc}; retrying with num_stages=1", RuntimeWarning, stacklevel=3)
+            kernel[grid](*args, **constexprs, **{**opts, "num_stages": 1})
+
+
+def _forward(q, k, v, is_causal: bool, scale: float, config: ForwardConfig | None = None):
+    """O, L for validated inputs (no checks here; see flash_forward)."""
+    d = q.shape[-1]
+    cfg = _coerce_config(config, ForwardConfig, default_forward_config(q.dtype, d, q.device))
+    _check_blocks(block_m=cfg.block_m, block_n=cfg.block_n)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    if q.numel() == 0:  # an empty batch: nothing to compute
+        return o, lse
+    q4, k4, v4, o4 = (_as_4d(t) for t in (q, k, v, o))
+    batch, heads, n_q, _ = q4.shape
+    n_k = k4.shape[2]
+    n_m_tiles = triton.cdiv(n_q, cfg.block_m)
+    grid = (n_m_tiles * batch * heads,)
+    args = (q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
+            heads, n_q, n_k, n_m_tiles, scale, scale * 1.4426950408889634)
+    constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=_block_d(d),
+                      IS_CAUSAL=bool(is_causal), LONGEST_FIRST=bool(cfg.longest_first and is_causal),
+                      USE_TMA=bool(cfg.tma and _tma_ready(k4, v4)), **_dot_settings(q.dtype))
+    _launch(_flash_fwd_kernel, grid, args, constexprs, q.device, cfg.num_warps, cfg.num_stages, cfg.fp_fusion)
+    return o, lse
+
+
+def _backward(q, k, v, o, lse, grad_o, is_causal: bool, scale: float, config: BackwardConfig | None = None):
+    d = q.shape[-1]
+    cfg = _coerce_config(config, BackwardConfig, default_backward_config(q.dtype, d, q.device, is_causal))
+    _check_blocks(dkdv_block_n=cfg.dkdv_block_n, dkdv_block_m=cfg.dkdv_block_m, dq_block_m=cfg.dq_block_m,
+                  dq_block_n=cfg.dq_block_n, preprocess_block_m=cfg.preprocess_block_m)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if q.numel() == 0:
+        return dq, dk, dv
+    delta = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    q4, k4, v4, o4, do4, dq4, dk4, dv4 = (_as_4d(t) for t in (q, k, v, o, grad_o, dq, dk, dv))
+    lse = lse.contiguous()  # flat (batch * heads * N_q) indexing
+    batch, heads, n_q, _ = q4.shape
+    n_k = k4.shape[2]
+    block_d = _block_d(d)
+    common = dict(HEAD_DIM=d, BLOCK_D=block_d)
+    dots = dict(IS_CAUSAL=bool(is_causal), LONGEST_FIRST=bool(cfg.longest_first and is_causal),
+                **_dot_settings(q.dtype))
+    dq_warps = cfg.num_warps if cfg.dq_num_warps is None else cfg.dq_num_warps
+    dq_stages = cfg.num_stages if cfg.dq_num_stages is None else cfg.dq_num_stages
+
+    n_pre = triton.cdiv(n_q, cfg.preprocess_block_m)
+    _launch(_flash_bwd_preprocess_kernel, (n_pre * batch * heads,),
+            (o4, do4, delta, *o4.stride(), *do4.stride(), heads, n_q, n_pre),
+            dict(BLOCK_M=cfg.preprocess_block_m, **common), q.device, cfg.num_warps, cfg.num_stages)
+
+    n_n_tiles = triton.cdiv(n_k, cfg.dkdv_block_n)
+    _launch(_flash_bwd_dkdv_kernel, (n_n_tiles * batch * heads,),
+            (q4, k4, v4, do4, lse, delta, dk4, dv4, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
+             *dk4.stride(), *dv4.stride(), heads, n_q, n_k, n_n_tiles, scale),
+            dict(BLOCK_M=cfg.dkdv_block_m, BLOCK_N=cfg.dkdv_block_n, KEYS_EVEN=n_k % cfg.dkdv_block_n == 0,
+                 USE_TMA=bool(cfg.tma and _tma_ready(q4, do4)), **common, **dots),
+            q.device, cfg.num_warps, cfg.num_stages)
+
+    n_m_tiles = triton.cdiv(n_q, cfg.dq_block_m)
+    _launch(_flash_bwd_dq_kernel, (n_m_tiles * batch * heads,),
+            (q4, k4, v4, do4, lse, delta, dq4, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
+             *dq4.stride(), heads, n_q, n_k, n_m_tiles, scale),
+            dict(BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, USE_TMA=bool(cfg.tma and _tma_ready(k4, v4)),
+                 **common, **dots),
+            q.device, dq_warps, dq_stages)
+    return dq, dk, dv
+
+
+def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None, config=None):
+    """FlashAttention-2 forward: (O in q.dtype, L float32 of shape q.shape[:-1]).
+
+    ``config``: a ForwardConfig or a dict of its fields overriding the default table.
+    """
+    scale = validate_attention_inputs(q, k, v, is_causal, scale, max_head_dim=256, triton=True)
+    return _forward(q, k, v, bool(is_causal), scale, config)
+
+
+def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: float | None = None, config=None):
+    """FlashAttention-2 backward: (dQ, dK, dV) in the input dtypes.
+
+    ``o``, ``lse`` are flash_forward's outputs; ``config`` a BackwardConfig or a dict of
+    its fields overriding the default table.
+    """
+    scale = validate_attention_inputs(q, k, v, is_causal, scale, max_head_dim=256, triton=True)
+    _check_like("o", o, q.shape, q.dtype, q.device)
+    _check_like("grad_o", grad_o, q.shape, q.dtype, q.device)
+    _check_like("lse", lse, q.shape[:-1], torch.float32, q.device)
+    return _backward(q, k, v, o, lse, grad_o, bool(is_causal), scale, config)
+
+
+def _check_like(name, t, shape, dtype, device):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"attention backward: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.shape != shape:
+        raise ValueError(f"attention backward: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if t.dtype != dtype:
+        raise TypeError(f"attention backward: {name} has dtype {t.dtype}, expected {dtype}")
+    if t.device != device:
+        raise ValueError(f"attention backward: {name} is on {t.device}, expected {device}")
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """FlashAttention-2 forward and backward in Triton kernels (see the module contract)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False, scale=None):
+        scale = validate_attention_inputs(q, k, v, is_causal, scale, max_head_dim=256, triton=True)
+        o, lse = _forward(q, k, v, bool(is_causal), scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal = bool(is_causal)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        q, k, v, o, lse = ctx.saved_tensors
+        if grad_o.dtype != q.dtype:
+            grad_o = grad_o.to(q.dtype)
+        dq, dk, dv = _backward(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale)
+        return dq, dk, dv, None, None
