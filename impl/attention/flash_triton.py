@@ -491,7 +491,7 @@ _GPU_FWD = {
     (False, 64): ForwardConfig(128, 64, 8, 3, longest_first=True),
     (False, 128): ForwardConfig(128, 64, 8, 3, longest_first=True, tma=True),
     (False, 256): ForwardConfig(64, 32, 4, 2),
-    (True, 64): ForwardConfig(64, 64, 4, 2),  # fp32 rows: perf/results/2026-11-24-h100-attention-speed/
+    (True, 64): ForwardConfig(64, 64, 4, 2),  # fp32 rows: perf/results/2026-11-23-h100-attention-speed/
     (True, 128): ForwardConfig(32, 32, 4, 1),  # (64, 32, 4, 2) took 9.0 ms at N=1024, this 0.71
     (True, 256): ForwardConfig(32, 32, 4, 1),
 }
@@ -755,17 +755,19 @@ def _forward_plan(q, k, v, is_causal, scale, key=None) -> _ForwardPlan:
 
 def _forward(q, k, v, is_causal: bool, scale: float, config: ForwardConfig | None = None):
     """O, L (plans are checked when made; see flash_forward)."""
-    if config is not None:
-        return _ForwardPlan(q, k, v, is_causal, scale, config)(q, k, v)
-    return _forward_plan(q, k, v, is_causal, scale, _forward_key(q, k, v, is_causal, scale))(q, k, v)
+    return flash_forward(q, k, v, is_causal, scale, config)
 
 
 def _backward(q, k, v, o, lse, grad_o, is_causal: bool, scale: float, config: BackwardConfig | None = None,
               forward_key=None):
     """dQ, dK, dV for checked inputs.  ``forward_key``: the key of the forward plan that made
     ``o`` and ``lse`` from these q, k, v (it decides their signatures; only dO's is added)."""
-    if config is not None:
-        return _BackwardPlan(q, k, v, o, lse, grad_o, is_causal, scale, config)(q, k, v, o, lse, grad_o)
+    if config is not None:  # a config override gets plans of its own
+        config = _coerce_config(config, BackwardConfig,
+                                default_backward_config(q.dtype, q.shape[-1], q.device, is_causal))
+        key = ("bwd", bool(is_causal), float(scale), config, _signature(q, k, v, o, lse, grad_o))
+        plan = _cached_plan(key, lambda: _BackwardPlan(q, k, v, o, lse, grad_o, bool(is_causal), float(scale), config))
+        return plan(q, k, v, o, lse, grad_o)
     if forward_key is not None:
         key = ("bwd", forward_key, _signature(grad_o))
     else:
@@ -779,9 +781,13 @@ def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None, 
 
     ``config``: a ForwardConfig or a dict of its fields overriding the default table.
     """
-    if config is not None:
-        return _ForwardPlan(q, k, v, is_causal, scale, config)(q, k, v)
-    return _forward_plan(q, k, v, is_causal, scale, _forward_key(q, k, v, is_causal, scale))(q, k, v)
+    key = _forward_key(q, k, v, is_causal, scale)
+    if config is not None:  # a config override gets plans of its own
+        config = _coerce_config(config, ForwardConfig, default_forward_config(q.dtype, q.shape[-1], q.device))
+        if key is None:
+            return _ForwardPlan(q, k, v, is_causal, scale, config)(q, k, v)
+        return _cached_plan((key, config), lambda: _ForwardPlan(q, k, v, is_causal, scale, config))(q, k, v)
+    return _forward_plan(q, k, v, is_causal, scale, key)(q, k, v)
 
 
 def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: float | None = None, config=None):

@@ -10,7 +10,8 @@ Variants of ours: ``triton`` (launch plans, compiled kernels launched directly),
 comparison in one run).
 
 Host time: ``perf_counter`` around ``calls`` launches with no synchronisation inside the
-loop (what the CPU spends issuing the work), then one synchronise.  If host time per call
+loop (what the CPU spends issuing the work), then one synchronise; ``rounds`` rounds that
+interleave the variants (a slow phase of the host hits all of them), the median reported.  If host time per call
 exceeds the device time per call, the pass is launch-bound and the GPU idles between
 kernels.  ``cProfile`` of the backward launches names the Python functions responsible;
 the torch profiler gives each kernel's device time.
@@ -23,6 +24,7 @@ import cProfile
 import io
 import json
 import pstats
+import statistics
 import time
 from pathlib import Path
 
@@ -71,6 +73,7 @@ def main():
     p.add_argument("--out", default="perf-out")
     p.add_argument("--seq", nargs="+", type=int, default=[128, 512])
     p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--before", default=None, help="module of an older flash_triton to compare with")
     a = p.parse_args()
     import importlib
@@ -92,12 +95,29 @@ def main():
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     for n in a.seq:
         q, k, v, do = _inputs(n)
-        for name, attn in impls.items():
-            o = attn(q, k, v)
+        graphs = {name: attn(q, k, v) for name, attn in impls.items()}  # compiles; one graph each for backward
+
+        def passes(name):
+            attn, o = impls[name], graphs[name]
             fwd = lambda: attn(q, k, v)  # noqa: E731
-            # (the backward runs under the DIRECT flag this variant's forward set)
             bwd = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
-            row = {"forward_host_us": host_us(fwd, a.calls), "backward_host_us": host_us(bwd, a.calls),
+            return fwd, bwd
+
+        # Rounds interleave the variants, so a slow phase of the host hits all of them; medians.
+        host = {name: {"forward": [], "backward": []} for name in impls}
+        for _ in range(a.rounds):
+            for name in impls:
+                fwd, bwd = passes(name)
+                fwd()  # sets this variant's DIRECT flag, under which its backward then runs
+                host[name]["forward"].append(host_us(fwd, a.calls)[0])
+                host[name]["backward"].append(host_us(bwd, a.calls)[0])
+        for name in impls:
+            fwd, bwd = passes(name)
+            fwd()
+            row = {"forward_host_us": statistics.median(host[name]["forward"]),
+                   "backward_host_us": statistics.median(host[name]["backward"]),
+                   "forward_host_us_rounds": [round(x, 1) for x in host[name]["forward"]],
+                   "backward_host_us_rounds": [round(x, 1) for x in host[name]["backward"]],
                    "forward_kernels_us": kernels(fwd), "backward_kernels_us": kernels(bwd)}
             if name == "triton":
                 prof = cProfile.Profile()

@@ -1,0 +1,92 @@
+"""Gate checks that compare ours with torch measured beside it, in one run on one GPU.
+
+Where the host bounds the time (short sequences; a small model's step) absolute medians
+move with the machine: the same code moved by up to 64 % between H100 runs (perf/GATE.md).
+Torch's own kernels measured in the same process, interleaved with ours, move with it, so
+the ratio holds still enough to refuse a regression of our launch path or of the kernels
+at these shapes.
+
+- short sequences: host time of one forward+backward call of our Triton attention over
+  SDPA's (PyTorch's choice of backend), bf16, B=8, H=16, N=512, d=64, causal;
+- model step: a small GPT's AdamW step (bf16 autocast, batch 4 x 512) with our Triton
+  attention over the same step with SDPA, median of interleaved rounds.
+
+The bounds: the ratios measured on an H100 when the gate was set (perf/GATE.md), with the
+spread seen between rounds added.  CUDA only: on the CPU both are skipped, and say so.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+SHORT_HOST_RATIO_BOUND = 1.6  # ours / SDPA, host us per forward+backward call
+MODEL_STEP_RATIO_BOUND = 1.10  # ours / SDPA, small GPT step
+
+
+def _needs_cuda(device):
+    if device.type != "cuda":
+        pytest.skip("needs a GPU: compares GPU times of ours and torch's")
+
+
+def _host_us(fn, calls=50):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def test_short_sequence_host_time_within_bound_of_sdpa(device):
+    _needs_cuda(device)
+    from impl.attention.flash_triton import FlashAttentionTriton
+    from perf.lib.workloads import make_inputs
+
+    q, k, v, do = make_inputs((8, 16, 512, 64), torch.bfloat16, device, seed=0)
+    variants = {"triton": lambda: FlashAttentionTriton.apply(q, k, v, True).backward(do),
+                "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)}
+    times = {name: [] for name in variants}
+    for fn in variants.values():
+        fn()
+    for _ in range(7):  # interleaved rounds
+        for name, fn in variants.items():
+            times[name].append(_host_us(fn))
+    ours, theirs = statistics.median(times["triton"]), statistics.median(times["sdpa"])
+    print(f"host us per forward+backward: ours {ours:.1f}, SDPA {theirs:.1f}, ratio {ours / theirs:.2f} "
+          f"(bound {SHORT_HOST_RATIO_BOUND}); rounds {times}")
+    assert ours / theirs <= SHORT_HOST_RATIO_BOUND, (
+        f"host time per forward+backward call at N=512: ours {ours:.1f} us is {ours / theirs:.2f}x SDPA's "
+        f"{theirs:.1f} us (bound {SHORT_HOST_RATIO_BOUND}x)")
+
+
+def test_model_step_within_bound_of_sdpa(device):
+    _needs_cuda(device)
+    from impl.models import gpt
+    from perf.bench.model import make_optimizer, make_step, set_attention
+    from perf.lib import measure
+
+    model = gpt.make_gpt("small", device=device, context_length=512)
+    optimizer = make_optimizer(model)
+    times = {"triton": [], "sdpa": []}
+    steps = {}
+    for name in times:
+        set_attention(model, name)
+        steps[name] = make_step(model, "step", "bf16", 4, 512, optimizer)
+        for _ in range(3):
+            steps[name]()
+    for _ in range(5):  # interleaved rounds of 4 steps
+        for name in times:
+            set_attention(model, name)
+            times[name] += measure.time_calls(steps[name], device, warmup=1, steps=4)
+    ours, theirs = statistics.median(times["triton"]), statistics.median(times["sdpa"])
+    print(f"small GPT step, bf16, 4 x 512: ours {ours * 1e3:.2f} ms, SDPA {theirs * 1e3:.2f} ms, "
+          f"ratio {ours / theirs:.3f} (bound {MODEL_STEP_RATIO_BOUND})")
+    assert ours / theirs <= MODEL_STEP_RATIO_BOUND, (
+        f"small GPT step with our attention {ours * 1e3:.2f} ms is {ours / theirs:.3f}x the step with SDPA "
+        f"{theirs * 1e3:.2f} ms (bound {MODEL_STEP_RATIO_BOUND}x)")
