@@ -4,7 +4,7 @@ On CUDA: our Triton FlashAttention-2 at the anchor shape B=1, H=16, N=16384, d=6
 causal, forward and forward+backward, 5 calls a round.  At N=4096 a call is ~0.1 ms and
 bound by the host's launch overhead: medians of the same code moved by up to 64% from run
 to run on an H100, too much for any threshold; at N=16384 a call is 1.2 to 5 ms of GPU
-work (perf/gate/GATE.md has the measured spread).
+work (perf/GATE.md has the measured spread).
 On the CPU the same code runs at a tiny size under the interpreter, so CI keeps it working;
 CPU numbers are not compared.
 """

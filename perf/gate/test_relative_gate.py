@@ -11,8 +11,8 @@ at these shapes.
 - model step: a small GPT's AdamW step (bf16 autocast, batch 4 x 512) with our Triton
   attention over the same step with SDPA, median of interleaved rounds.
 
-The bounds: the ratios measured on an H100 when the gate was set (perf/GATE.md), with the
-spread seen between rounds added.  CUDA only: on the CPU both are skipped, and say so.
+The bounds: below, from the ratios measured on an H100 when the gate was set, and the
+ratios before the launch plans they must refuse.  CUDA only: on the CPU both are skipped, and say so.
 """
 
 from __future__ import annotations
@@ -24,8 +24,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-SHORT_HOST_RATIO_BOUND = 1.6  # ours / SDPA, host us per forward+backward call
-MODEL_STEP_RATIO_BOUND = 1.10  # ours / SDPA, small GPT step
+# ours / SDPA.  Measured on an H100 (perf/results/2026-11-23-h100-attention-speed/): the
+# forward+backward host ratio 1.2 with interleaved rounds, 0.9 to 2.4 (median 1.56) from
+# single 20-call samples of the sweep, 2.4 before the launch plans; the small model's step
+# 1.03 at 512 (0.99 to 1.34 over 256..4096), 1.76 before.  The bounds refuse a return to the
+# old paths and leave the spread room.
+SHORT_HOST_RATIO_BOUND = 2.0  # host us per forward+backward call
+MODEL_STEP_RATIO_BOUND = 1.15  # small GPT step, batch 4 x 512
 
 
 def _needs_cuda(device):
