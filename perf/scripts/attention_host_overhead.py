@@ -68,6 +68,18 @@ def kernels(fn, calls=20):
     return out
 
 
+def python_profile(fn, calls, lines) -> str:
+    """cProfile of ``calls`` calls, the ``lines`` functions with the most time of their own."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(lines)
+    return out.getvalue()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="perf-out")
@@ -120,22 +132,8 @@ def main():
                    "backward_host_us_rounds": [round(x, 1) for x in host[name]["backward"]],
                    "forward_kernels_us": kernels(fwd), "backward_kernels_us": kernels(bwd)}
             if name == "triton":
-                prof = cProfile.Profile()
-                prof.enable()
-                for _ in range(a.calls):
-                    bwd()
-                prof.disable()
-                s = io.StringIO()
-                pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
-                row["backward_profile"] = s.getvalue()
-                prof = cProfile.Profile()
-                prof.enable()
-                for _ in range(a.calls):
-                    fwd()
-                prof.disable()
-                s = io.StringIO()
-                pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(15)
-                row["forward_profile"] = s.getvalue()
+                row["backward_profile"] = python_profile(bwd, a.calls, 25)
+                row["forward_profile"] = python_profile(fwd, a.calls, 15)
             result[f"{name} N={n}"] = row
             print(name, n, {k: v for k, v in row.items() if "profile" not in k}, flush=True)
     out = Path(a.out)
