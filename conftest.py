@@ -8,7 +8,7 @@ Options
                           where tensors live; ``auto`` picks CUDA when present.  On the
                           CPU, Triton kernels run under the interpreter
                           (TRITON_INTERPRET=1 is set here, before anything imports triton).
-    --hypothesis-profile ci|dev|thorough
+    --hypothesis-profile ci|dev|gate|thorough
                           (Hypothesis's own option) example budgets; default ``dev``.
 
 A check that raises a verdict (``conformance.verdicts``: not offered, needs hardware, an
@@ -73,6 +73,13 @@ def pytest_addoption(parser):
         help="pin every drawn distributed case to this many ranks (default: drawn from 1 to 4); "
         "more ranks than GPUs is reported as skipped",
     )
+    group.addoption(
+        "--shards",
+        type=int,
+        default=1,
+        help="split the examples of each sharded law (the attention kernels') over this many test items, "
+        "each drawing its share independently, so xdist workers run one law in parallel (default 1)",
+    )
 
 
 def pytest_configure(config):
@@ -100,6 +107,15 @@ def pytest_configure(config):
             why = probe_target(spec)
             if why:
                 raise pytest.UsageError(why)
+
+
+def pytest_generate_tests(metafunc):
+    """A test that takes ``shard`` runs once per shard (``--shards``): see ``profiles.sharded_examples``."""
+    if "shard" in metafunc.fixturenames:
+        shards = metafunc.config.getoption("--shards")
+        if shards < 1:
+            raise pytest.UsageError(f"--shards must be at least 1, got {shards}")
+        metafunc.parametrize("shard", [(i, shards) for i in range(shards)], ids=[f"shard{i + 1}of{shards}" for i in range(shards)])
 
 
 @pytest.fixture(scope="session")

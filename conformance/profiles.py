@@ -3,7 +3,9 @@
 - ``ci``: bounded so that the whole CPU suite stays well inside CI's time, while every
   property still draws enough examples to reject every kept mutant.
 - ``dev``: the default; more examples, for a developer's run.
-- ``thorough``: many examples, for a nightly or the GPU gate.
+- ``gate``: the GPU gate's kernel laws (perf/gate/gpu_gate.sh): 8x ci, what 16 cores of
+  one H100 machine check inside the gate's 10 minutes (perf/GATE.md).
+- ``thorough``: many examples, for a nightly run.
 
 Select with ``pytest --hypothesis-profile NAME``.  Every profile prints the
 ``@reproduce_failure`` blob of a failing example; the seed is printed by Hypothesis's
@@ -26,6 +28,7 @@ _COMMON = dict(
 PROFILES = {
     "ci": dict(max_examples=12, **_COMMON),
     "dev": dict(max_examples=30, **_COMMON),
+    "gate": dict(max_examples=100, **_COMMON),
     "thorough": dict(max_examples=200, **_COMMON),
 }
 
@@ -39,6 +42,16 @@ def examples(n_ci: int) -> int:
     """Scale an example count chosen for the ci profile to the active profile."""
     active = settings().max_examples
     return max(1, round(n_ci * active / PROFILES["ci"]["max_examples"]))
+
+
+def sharded_examples(shard: tuple[int, int], total: int | None = None) -> int:
+    """Examples for one shard ``(index, shards)`` of a law run as several test items
+    (``pytest --shards S``): its share of ``total`` (default: the active profile's
+    max_examples), at least one.  Each shard is its own Hypothesis test and draws
+    independently, so S shards together try about as many cases as one unsharded run."""
+    _, shards = shard
+    total = settings().max_examples if total is None else total
+    return max(1, -(-total // shards))
 
 
 register_profiles()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conformance.laws.attention.laws import CONTRACT_LAWS, LAWS, check_law
+from conformance.profiles import sharded_examples
 
 FLAVOURS = ("pytorch", "triton")
 
@@ -24,18 +25,18 @@ def attn(target, flavour):
 
 
 @pytest.mark.parametrize("law", CONTRACT_LAWS, ids=lambda law: law.name)
-def test_contract_law(law, attn, flavour, device):
+def test_contract_law(law, attn, flavour, device, shard):
     """The course's shapes, dtypes and flags only: a wider case can never stop these."""
     if law.flavours and flavour not in law.flavours:
         pytest.skip(f"law {law.name} applies to the {'/'.join(law.flavours)} flavour only")
-    check_law(law, attn, device, flavour)
+    check_law(law, attn, device, flavour, max_examples=sharded_examples(shard))
 
 
 @pytest.mark.parametrize("law", LAWS, ids=lambda law: law.name)
-def test_attention_law(law, attn, flavour, device):
+def test_attention_law(law, attn, flavour, device, shard):
     if law.flavours and flavour not in law.flavours:
         pytest.skip(f"law {law.name} applies to the {'/'.join(law.flavours)} flavour only")
-    check_law(law, attn, device, flavour)
+    check_law(law, attn, device, flavour, max_examples=sharded_examples(shard))
 
 
 def test_bf16_is_checked_where_it_can_run(device):

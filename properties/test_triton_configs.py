@@ -22,6 +22,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from conformance import oracle
+from conformance.profiles import sharded_examples
 from conformance.laws.attention.strategies import AttentionCase, attention_cases, budget_for
 from impl.attention import flash_triton as ft
 from conformance.laws.attention.laws import references
@@ -60,11 +61,19 @@ def check_config(case: AttentionCase, fwd: ft.ForwardConfig, bwd: ft.BackwardCon
                             refs.magnitudes[key])
 
 
-def test_every_config_computes_the_same_attention(device):
+# On a GPU every example compiles its own kernels (a few seconds each): this many at most,
+# in any profile (the gate's thorough run included), split over the shards.
+GPU_CONFIG_EXAMPLES = 24
+
+
+def test_every_config_computes_the_same_attention(device, shard):
     budget = budget_for("triton", device)
     budget = type(budget)(min(budget.max_len, 100), min(budget.max_batch_elems, 2), budget.head_dims, budget.dtypes)
+    total = settings().max_examples
+    if device.type == "cuda":
+        total = min(total, GPU_CONFIG_EXAMPLES)
 
-    @settings(max_examples=settings().max_examples)
+    @settings(max_examples=sharded_examples(shard, total))
     @given(case=attention_cases(budget, allow_custom_scale=True), fwd=forward_configs(), bwd=backward_configs())
     def run(case, fwd, bwd):
         note(repr(case))

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU gate: refuses a kernel change that is wrong or slower.
 #
-#   bash perf/gate/gpu_gate.sh [--save-baseline] [--profile thorough] [--threshold PCT]
+#   bash perf/gate/gpu_gate.sh [--save-baseline] [--profile gate|thorough] [--threshold PCT]
 #
-# 1. properties on CUDA: the attention kernels' laws with the thorough profile (bf16 drawn;
-#    a test asserts it), every other capability's with the ci profile (bounded)
+# 1. properties on CUDA: the Triton kernels' laws with the gate profile (bf16 drawn;
+#    a test asserts it), each law split over GATE_SHARDS shards, after a parallel warm-up
+#    of Triton's cache; every other capability's laws with the ci profile (bounded)
 # 2. conformance on CUDA, with the report written to $GATE_OUT (default gate-out/)
 # 3. perf: perf/gate/test_bench_gate.py against the stored baseline for this GPU model
 #    (a median regression over the threshold fails; default 8%, see perf/GATE.md), and
@@ -16,7 +17,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 
-PROFILE=thorough
+PROFILE=gate
 THRESHOLD=8
 SAVE=0
 while [ $# -gt 0 ]; do
@@ -39,31 +40,45 @@ export NCCL_NVLS_ENABLE=0
 status_of() { if [ "$1" -eq 0 ]; then echo pass; elif [ "$1" -eq -1 ]; then echo "NOT RUN (GATE_STAGES)"; else echo "FAIL (exit $1)"; fi; }
 last_line() { if [ -f "$1" ]; then tail -n 1 "$1"; fi; }
 
-# GATE_PYTEST_ARGS: pytest arguments for the properties and conformance runs (default "-n 8").
+# GATE_PYTEST_ARGS: pytest arguments for the properties and conformance runs (default "-n <cores, at most 16>").
+# GATE_SHARDS: the kernels' laws run as this many independent shards each (default 4), so
+# xdist workers share one law's examples (pytest --shards).
 # GATE_STAGES: the stages to run (default properties conformance perf, plus distributed on 2+ GPUs); a stage left out is reported as not run
 # and refuses the gate, so only a baseline refresh ("perf" with --save-baseline) should use it.
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
 DEFAULT_STAGES="properties conformance perf"
 [ "$NGPU" -ge 2 ] && DEFAULT_STAGES="$DEFAULT_STAGES distributed"
 STAGES=" ${GATE_STAGES:-$DEFAULT_STAGES} "
-PYTEST_ARGS=${GATE_PYTEST_ARGS:--n 8}
+CORES=$(nproc); [ "$CORES" -gt 16 ] && CORES=16
+PYTEST_ARGS=${GATE_PYTEST_ARGS:--n $CORES}
+SHARDS=${GATE_SHARDS:-4}
 RC_PROPS=-1; RC_CONF=-1; RC_PERF=-1; RC_DIST=-1
-T_PROPS=-; T_CONF=-; T_PERF=-; T_DIST=-
-KERNELS="attention or triton"  # the kernels the gate exists for: thorough
+T_PROPS=-; PROPS_SPLIT=""; T_CONF=-; T_PERF=-; T_DIST=-
+# Every pytest stage logs each test as it ends (outcome, seconds, Triton compiles; a
+# failure's report): a run cut by a time limit still says what failed and where time went.
+PROGRESS=(-p perf.gate.progress_log)
+KERNELS="triton"  # the kernels the gate exists for: their laws thorough, sharded
 if [[ "$STAGES" == *" properties "* ]]; then
   T0=$SECONDS
-  python3 -m pytest properties --device cuda $PYTEST_ARGS -k "$KERNELS" --hypothesis-profile "$PROFILE" -p no:cacheprovider -q \
-    --junitxml "$OUTDIR/properties-kernels.xml" 2>&1 | tee "$OUTDIR/properties.log"
+  # compile the kernels the laws will draw, once each, on every core (a fresh machine's cache is empty)
+  python3 -m perf.gate.warm_triton_cache 2>&1 | tee "$OUTDIR/properties.log"
+  T_WARM=$((SECONDS - T0))
+  GATE_PROGRESS="$OUTDIR/progress-kernels" python3 -m pytest properties --device cuda $PYTEST_ARGS -k "$KERNELS" \
+    --hypothesis-profile "$PROFILE" --shards "$SHARDS" -p no:cacheprovider -q "${PROGRESS[@]}" \
+    --junitxml "$OUTDIR/properties-kernels.xml" 2>&1 | tee -a "$OUTDIR/properties.log"
   RC_PROPS=${PIPESTATUS[0]}
-  python3 -m pytest properties --device cuda $PYTEST_ARGS -k "not ($KERNELS)" --hypothesis-profile ci -p no:cacheprovider -q \
+  T_KERNELS=$((SECONDS - T0 - T_WARM))
+  GATE_PROGRESS="$OUTDIR/progress-rest" python3 -m pytest properties --device cuda $PYTEST_ARGS -k "not ($KERNELS)" \
+    --hypothesis-profile ci -p no:cacheprovider -q "${PROGRESS[@]}" \
     --junitxml "$OUTDIR/properties-rest.xml" 2>&1 | tee -a "$OUTDIR/properties.log"
   RC=${PIPESTATUS[0]}; [ $RC_PROPS -eq 0 ] && RC_PROPS=$RC
   T_PROPS=$((SECONDS - T0))
+  PROPS_SPLIT="(warm-up ${T_WARM}s, kernels ${T_KERNELS}s, rest $((T_PROPS - T_WARM - T_KERNELS))s)"
 fi
 if [[ "$STAGES" == *" conformance "* ]]; then
   T0=$SECONDS
-  python3 -m pytest conformance --device cuda $PYTEST_ARGS --hypothesis-profile ci -p no:cacheprovider -q \
-    --conformance-report "$OUTDIR/conformance-report" 2>&1 | tee "$OUTDIR/conformance.log"
+  GATE_PROGRESS="$OUTDIR/progress-conformance" python3 -m pytest conformance --device cuda $PYTEST_ARGS \
+    --hypothesis-profile ci -p no:cacheprovider -q "${PROGRESS[@]}" --conformance-report "$OUTDIR/conformance-report" 2>&1 | tee "$OUTDIR/conformance.log"
   RC_CONF=${PIPESTATUS[0]}
   T_CONF=$((SECONDS - T0))
 fi
@@ -103,10 +118,13 @@ if [[ "$STAGES" == *" distributed "* ]]; then
   fi
   T_DIST=$((SECONDS - T0))
 fi
+for dir in "$OUTDIR"/progress-*/; do
+  [ -d "$dir" ] && python3 -m perf.gate.progress_log "$dir" > "${dir%/}.txt" 2>&1
+done
 
 echo
 echo "================ GPU gate summary ($GPU) ================"
-echo "properties  (kernels $PROFILE, rest ci): $(status_of $RC_PROPS) in ${T_PROPS}s   $(last_line "$OUTDIR/properties.log")"
+echo "properties  (kernels $PROFILE, rest ci): $(status_of $RC_PROPS) in ${T_PROPS}s ${PROPS_SPLIT}  $(last_line "$OUTDIR/properties.log")"
 echo "conformance (ci):                      $(status_of $RC_CONF) in ${T_CONF}s   $(last_line "$OUTDIR/conformance.log")"
 echo "perf (baseline ${THRESHOLD}% median; vs torch): $(status_of $RC_PERF) in ${T_PERF}s"
 [[ "$STAGES" == *" distributed "* ]] && echo "distributed (2+ GPUs, ci):            $(status_of $RC_DIST) in ${T_DIST}s   $(last_line "$OUTDIR/distributed.log")"

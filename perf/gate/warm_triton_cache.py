@@ -1,0 +1,90 @@
+"""Compile our Triton attention kernels for the cases the gate's laws draw, in parallel.
+
+    python -m perf.gate.warm_triton_cache [--procs P]
+
+A fresh machine has an empty Triton cache, and the laws then compile inside the tests:
+several xdist workers compile the same kernel at once, and a law waits on each compile
+in turn.  This runs one small forward and backward for each combination that selects a
+different compiled kernel (head dim, dtype, causal flag, layout, whether the key length
+is a tile multiple, and the stride divisibility Triton specialises on), spread over P
+processes (default: one per core), so the laws find their kernels in the cache.  The
+head dims and dtypes are the GPU budget's (conformance.laws.attention.strategies).
+Prints the number of combinations, kernels compiled and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import time
+
+
+def combinations() -> list[tuple]:
+    """(batch, n, d, dtype name, causal, layout): one per distinct compiled kernel set."""
+    import torch
+
+    from conformance.laws.attention.strategies import budget_for
+
+    budget = budget_for("triton", torch.device("cuda"))
+    seen, out = set(), []
+    for d in budget.head_dims:
+        for dtype in budget.dtypes:
+            for causal in (True, False):
+                for layout, batch in (("contiguous", (2,)), ("strided", (2,)), ("transposed", (1, 2))):
+                    for n in (128, 129):  # keys a tile multiple or not (the backward's KEYS_EVEN)
+                        key = (d, dtype, causal, n % 16 == 0, _stride_pattern(batch, n, d, layout))
+                        if key not in seen:
+                            seen.add(key)
+                            out.append((batch, n, d, str(dtype).split(".")[-1], causal, layout))
+    return out
+
+
+def _stride_pattern(batch, n, d, layout) -> tuple:
+    """Which (B, H, N, d) strides are multiples of 16 (Triton specialises integers on it)."""
+    heads = batch[1] if len(batch) > 1 else 1
+    if layout == "transposed" and len(batch) > 1:
+        strides = (n * heads * d, d, heads * d, 1)
+    else:
+        row = 2 * d if layout == "strided" else d
+        strides = (heads * n * row, n * row, row, 1)
+    return tuple(s % 16 == 0 for s in strides)
+
+
+def _run(share: list[tuple]) -> int:
+    import torch
+    from triton import knobs
+
+    from conformance.laws.attention.strategies import AttentionCase
+    from impl.attention.flash_triton import FlashAttentionTriton
+
+    compiled = [0]
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit):
+        compiled[0] += not cache_hit
+
+    knobs.compilation.listener = listener
+    for batch, n, d, dtype, causal, layout in share:
+        case = AttentionCase(batch, n, n, d, getattr(torch, dtype), causal, None, 1.0, layout, 0)
+        (q, k, v, do), _ = case.make("cuda")
+        FlashAttentionTriton.apply(q, k, v, causal).backward(do)
+    torch.cuda.synchronize()
+    return compiled[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--procs", type=int, default=os.cpu_count())
+    args = parser.parse_args()
+    todo = combinations()
+    # d=256 and fp32 compile slowest: deal round-robin so every process gets a mix
+    shares = [todo[i::args.procs] for i in range(args.procs)]
+    start = time.perf_counter()
+    with mp.get_context("spawn").Pool(args.procs) as pool:
+        compiled = pool.map(_run, [s for s in shares if s])
+    print(f"warm_triton_cache: {len(todo)} combinations, {sum(compiled)} kernels compiled, "
+          f"{time.perf_counter() - start:.0f} s on {args.procs} processes")
+
+
+if __name__ == "__main__":
+    main()
