@@ -6,7 +6,7 @@ A fresh machine has an empty Triton cache, and the laws then compile inside the 
 several xdist workers compile the same kernel at once, and a law waits on each compile
 in turn.  This runs one small forward and backward for each combination that selects a
 different compiled kernel (head dim, dtype, causal flag, layout, whether the key length
-is a tile multiple, and the stride divisibility Triton specialises on), spread over P
+is a tile multiple, the stride and address divisibility Triton specialises on), spread over P
 processes (default: one per core), so the laws find their kernels in the cache.  The
 head dims and dtypes are the GPU budget's (conformance.laws.attention.strategies).
 Prints the number of combinations, kernels compiled and the wall time.
@@ -31,9 +31,11 @@ def combinations() -> list[tuple]:
     for d in budget.head_dims:
         for dtype in budget.dtypes:
             for causal in (True, False):
-                for layout, batch in (("contiguous", (2,)), ("strided", (2,)), ("transposed", (1, 2))):
-                    for n in (128, 129):  # keys a tile multiple or not (the backward's KEYS_EVEN)
-                        key = (d, dtype, causal, n % 16 == 0, _stride_pattern(batch, n, d, layout))
+                for layout, batch in (("contiguous", (2,)), ("strided", (2,)), ("transposed", (1, 2)), ("misaligned", (2,))):
+                    # keys a tile multiple or not (the backward's KEYS_EVEN); misaligned inputs
+                    # (one law's neighbours only): the ragged length alone
+                    for n in (129,) if layout == "misaligned" else (128, 129):
+                        key = (d, dtype, causal, n % 16 == 0, layout == "misaligned", _stride_pattern(batch, n, d, layout))
                         if key not in seen:
                             seen.add(key)
                             out.append((batch, n, d, str(dtype).split(".")[-1], causal, layout))

@@ -228,7 +228,7 @@ def _neighbours(case: AttentionCase) -> list[tuple[str, AttentionCase]]:
     """Cases that differ from ``case`` in one respect each (and in their values): what a
     cache keyed on too little, or an output buffer kept for reuse, confuses with it."""
     other_layout = {"contiguous": "strided", "strided": "transposed" if len(case.batch) > 1 else "contiguous",
-                    "transposed": "contiguous"}[case.layout]
+                    "transposed": "contiguous"}.get(case.layout, "contiguous")
     seed = (case.seed + 1) % 2**31
     out = [
         ("is_causal flipped", replace(case, is_causal=not case.is_causal, seed=seed)),
@@ -239,6 +239,8 @@ def _neighbours(case: AttentionCase) -> list[tuple[str, AttentionCase]]:
         out.append(("float32 inputs", replace(case, dtype=torch.float32, seed=seed)))
     if case.scale is not None:
         out.append(("another softmax scale", replace(case, scale=case.scale * 2, seed=seed)))
+    if case.layout != "misaligned":  # same shapes and strides; an address off 16-byte alignment
+        out.append(("inputs one element past a 16-byte boundary", replace(case, layout="misaligned", seed=seed)))
     return out
 
 
@@ -246,7 +248,8 @@ def results_do_not_depend_on_earlier_calls(attn, case: AttentionCase, device):
     """O and dQ, dK, dV of a call depend on its own inputs only.
 
     The case, then neighbours that differ from it in one respect each (the causal flag, the
-    layout, the key length, the dtype, the scale) run forward and backward in turn; every
+    layout, the key length, the dtype, the scale, the inputs' address alignment) run forward
+    and backward in turn; every
     output is judged against its float64 reference after all of them have run.  A cache
     keyed on too little (a mask, a compiled kernel, a launch plan) gives a neighbour the
     case's answer; an output buffer kept and reused hands the case's O to a later call.

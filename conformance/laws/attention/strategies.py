@@ -30,7 +30,8 @@ class AttentionCase:
     is_causal: bool
     scale: float | None  # None: the implementation's default 1/sqrt(d)
     value_scale: float  # q and k are drawn with this std; large values make huge scores
-    layout: str  # "contiguous", "transposed" ((B, N, H, d) storage seen as (B, H, N, d)), "strided"
+    layout: str  # "contiguous", "transposed" ((B, N, H, d) storage seen as (B, H, N, d)), "strided",
+    # or "misaligned" (contiguous from one element into its storage; drawn by one law's neighbours)
     seed: int
 
     def __repr__(self) -> str:
@@ -66,6 +67,13 @@ class AttentionCase:
 
 def _lay_out_on(x: torch.Tensor, layout: str, device) -> torch.Tensor:
     """The same values as x, stored non-contiguously on ``device``."""
+    if layout == "misaligned":
+        # contiguous, but starting one element into its storage: an address that is not a
+        # multiple of 16 bytes (kernels that vectorise or use tensor descriptors assume one)
+        storage = torch.empty(x.numel() + 1, dtype=x.dtype, device=device)
+        out = storage[1:].view(x.shape)
+        out.copy_(x.to(device))
+        return out
     if layout == "transposed" and x.dim() >= 4:
         # storage (..., N, H, d); the view (..., H, N, d) has strides (.., d, H*d, 1)
         storage = x.transpose(-3, -2).contiguous().to(device)
