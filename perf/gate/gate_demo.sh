@@ -5,6 +5,8 @@
 # 3. the whole gate on the real code (pass),
 # 4. planted slow-down: forward forced to 16x16 tiles (perf/gate/planted/slow_tiles.py): the perf
 #    stage refuses it (its properties and conformance pass: the tiles are slow, not wrong),
+#    4b. planted host-path regression: no launch plans (perf/gate/planted/no_launch_plans.py):
+#    the relative checks (ours against torch beside it) refuse it,
 # 5. planted wrong result: the causal mask lets each query see one future key: the whole gate refuses.
 # Only the attention checks run (GATE_PYTEST_ARGS) so the demonstration fits one call.
 set -u
@@ -29,13 +31,17 @@ cat perf/gate/planted/slow_tiles.py >> impl/attention/flash_triton.py
 GATE_STAGES=perf GATE_OUT=$OUT/4-slow bash perf/gate/gpu_gate.sh > "$OUT/4-slow.log" 2>&1; echo "4 planted slow-down, perf stage: exit $?"
 restore
 
+cat perf/gate/planted/no_launch_plans.py >> impl/attention/flash_triton.py
+GATE_STAGES=perf GATE_OUT=$OUT/4b-host bash perf/gate/gpu_gate.sh > "$OUT/4b-host.log" 2>&1; echo "4b planted host-path regression (no launch plans), perf stage: exit $?"
+restore
+
 before=$(grep -c 'offs_n\[None, :\] <= offs_m\[:, None\])' impl/attention/flash_triton.py)
 sed -i 's/offs_n\[None, :\] <= offs_m\[:, None\])/offs_n[None, :] <= offs_m[:, None] + 1)/' impl/attention/flash_triton.py
 echo "planted wrong result: $before causal mask comparisons changed"
 GATE_OUT=$OUT/5-wrong bash perf/gate/gpu_gate.sh --profile ci > "$OUT/5-wrong.log" 2>&1; echo "5 planted wrong result, whole gate: exit $?"
 restore
 
-{ for f in 1-baseline 3-real 4-slow 5-wrong; do echo "== $f"; sed -n '/GPU gate summary/,$p' "$OUT/$f.log"; done
+{ for f in 1-baseline 3-real 4-slow 4b-host 5-wrong; do echo "== $f"; sed -n '/GPU gate summary/,$p' "$OUT/$f.log"; done
   for i in 1 2 3; do echo "== spread run $i (same code vs baseline)"; grep -E "test_gate|Name" "$OUT/2-spread-$i.log"; done; } | tee "$OUT/summary.txt"
 cp -r perf/gate/baselines "$OUT/baselines"
 tar czf /tmp/gate-demo.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gate-demo.tgz "$OUT/" && cp /dev/null /dev/null

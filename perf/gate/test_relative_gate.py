@@ -24,13 +24,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-# ours / SDPA.  Measured on an H100 (perf/results/2026-11-23-h100-attention-speed/): the
-# forward+backward host ratio 1.2 with interleaved rounds, 0.9 to 2.4 (median 1.56) from
-# single 20-call samples of the sweep, 2.4 before the launch plans; the small model's step
-# 1.03 at 512 (0.99 to 1.34 over 256..4096), 1.76 before.  The bounds refuse a return to the
-# old paths and leave the spread room.
+# ours / SDPA, each bound between the spread of the real code and the planted regression it
+# must refuse (perf/gate/planted/no_launch_plans.py: no launch plans, every call validated and
+# launched through Triton's Python path).  Measured on H100s (perf/GATE.md):
+#   short sequences, host us per forward+backward: real 1.2, 1.40, 1.51 (single 20-call sweep
+#   samples 0.9 to 2.4); planted 4.53; before the launch plans 2.4.
+#   small GPT step, 4 x 512: real 1.03, 1.086, 1.153; planted 1.501; before the plans 1.76.
 SHORT_HOST_RATIO_BOUND = 2.0  # host us per forward+backward call
-MODEL_STEP_RATIO_BOUND = 1.15  # small GPT step, batch 4 x 512
+MODEL_STEP_RATIO_BOUND = 1.3  # small GPT step, batch 4 x 512
 
 
 def _needs_cuda(device):
