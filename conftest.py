@@ -115,7 +115,14 @@ def pytest_generate_tests(metafunc):
         shards = metafunc.config.getoption("--shards")
         if shards < 1:
             raise pytest.UsageError(f"--shards must be at least 1, got {shards}")
-        metafunc.parametrize("shard", [(i, shards) for i in range(shards)], ids=[f"shard{i + 1}of{shards}" for i in range(shards)])
+        if shards > 1:  # one shard: the ``shard`` fixture, and test ids as without sharding
+            metafunc.parametrize("shard", [(i, shards) for i in range(shards)], ids=[f"shard{i + 1}of{shards}" for i in range(shards)])
+
+
+@pytest.fixture
+def shard() -> tuple[int, int]:
+    """(index, shards) of this test item's share of a sharded law; (0, 1) unsharded."""
+    return (0, 1)
 
 
 @pytest.fixture(scope="session")
