@@ -1,0 +1,53 @@
+"""The GPU gate's helpers, checked on the CPU: the warm-up's kernel set and the progress log."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import torch
+
+from conformance.laws.attention.strategies import budget_for
+from perf.gate import progress_log
+from perf.gate.warm_triton_cache import combinations
+
+
+def test_warm_up_covers_every_head_dim_dtype_and_mask_the_gpu_laws_draw():
+    budget = budget_for("triton", torch.device("cuda"))
+    todo = combinations()
+    drawn = {(d, dtype, causal) for _, _, d, dtype, causal, _ in todo}
+    wanted = {(d, str(t).split(".")[-1], c) for d in budget.head_dims for t in budget.dtypes for c in (True, False)}
+    assert drawn == wanted
+    assert {layout for *_, layout in todo} == {"contiguous", "strided", "transposed", "misaligned"}
+    assert {n for _, n, *_ in todo} == {128, 129}  # keys a tile multiple, and not
+    assert len(todo) == len(set(todo))
+
+
+def _report(nodeid, outcome, when="call", longrepr=None):
+    return SimpleNamespace(nodeid=nodeid, outcome=outcome, when=when, duration=1.25, longrepr=longrepr,
+                           failed=outcome == "failed", skipped=outcome == "skipped")
+
+
+def test_progress_log_writes_each_test_as_it_ends_and_names_failures(tmp_path, monkeypatch):
+    monkeypatch.setenv("GATE_PROGRESS", str(tmp_path))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")
+    from triton import knobs
+
+    monkeypatch.setattr(knobs.compilation, "listener", knobs.compilation.listener)  # restored after
+    progress_log.pytest_configure(None)
+    try:
+        progress_log.pytest_runtest_setup(SimpleNamespace())
+        progress_log._listener(src=SimpleNamespace(name="_flash_fwd_kernel"), metadata={}, metadata_group={},
+                               times=SimpleNamespace(total=2_500_000), cache_hit=False)
+        progress_log.pytest_runtest_logreport(_report("t.py::test_a", "passed"))
+        progress_log.pytest_runtest_setup(SimpleNamespace())
+        progress_log.pytest_runtest_logreport(_report("t.py::test_b", "failed", longrepr="AssertionError: O off"))
+        progress_log.pytest_runtest_logreport(_report("t.py::test_b", "passed", when="teardown"))  # not a line
+    finally:
+        progress_log._file.close()
+        progress_log._file = None
+    lines = [json.loads(s) for s in (tmp_path / "progress-gw7.jsonl").read_text().splitlines()]
+    assert [(r["test"], r["outcome"], r["compiled"]) for r in lines] == [("t.py::test_a", "passed", 1), ("t.py::test_b", "failed", 0)]
+    assert lines[0]["compile_seconds"] == 2.5 and lines[0]["kernels"] == {"_flash_fwd_kernel": 1}
+    summary = progress_log.summarise(str(tmp_path))
+    assert "2 tests" in summary and "FAILED t.py::test_b" in summary and "AssertionError: O off" in summary
