@@ -18,7 +18,6 @@ ratios before the launch plans they must refuse.  CUDA only: on the CPU both are
 from __future__ import annotations
 
 import statistics
-import time
 
 import pytest
 import torch
@@ -39,19 +38,19 @@ def _needs_cuda(device):
         pytest.skip("needs a GPU: compares GPU times of ours and torch's")
 
 
-def _host_us(fn, calls=50):
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - start) / calls * 1e6
-    torch.cuda.synchronize()
-    return host
+def _assert_ratio_within(what: str, times: dict[str, list[float]], bound: float, unit: str, scale: float = 1.0):
+    """Median of our rounds over the median of torch's, at most ``bound``; printed either way."""
+    ours, theirs = statistics.median(times["triton"]) * scale, statistics.median(times["sdpa"]) * scale
+    print(f"{what}: ours {ours:.2f} {unit}, SDPA {theirs:.2f} {unit}, ratio {ours / theirs:.3f} (bound {bound}); "
+          f"rounds {times}")
+    assert ours / theirs <= bound, (
+        f"{what}: ours {ours:.2f} {unit} is {ours / theirs:.3f}x SDPA's {theirs:.2f} {unit} (bound {bound}x)")
 
 
 def test_short_sequence_host_time_within_bound_of_sdpa(device):
     _needs_cuda(device)
     from impl.attention.flash_triton import FlashAttentionTriton
+    from perf.lib import measure
     from perf.lib.workloads import make_inputs
 
     q, k, v, do = make_inputs((8, 16, 512, 64), torch.bfloat16, device, seed=0)
@@ -62,13 +61,9 @@ def test_short_sequence_host_time_within_bound_of_sdpa(device):
         fn()
     for _ in range(7):  # interleaved rounds
         for name, fn in variants.items():
-            times[name].append(_host_us(fn))
-    ours, theirs = statistics.median(times["triton"]), statistics.median(times["sdpa"])
-    print(f"host us per forward+backward: ours {ours:.1f}, SDPA {theirs:.1f}, ratio {ours / theirs:.2f} "
-          f"(bound {SHORT_HOST_RATIO_BOUND}); rounds {times}")
-    assert ours / theirs <= SHORT_HOST_RATIO_BOUND, (
-        f"host time per forward+backward call at N=512: ours {ours:.1f} us is {ours / theirs:.2f}x SDPA's "
-        f"{theirs:.1f} us (bound {SHORT_HOST_RATIO_BOUND}x)")
+            times[name].append(measure.host_us_per_call(fn, device, calls=50))
+    _assert_ratio_within("host time per forward+backward call, B8 H16 N512 d64 causal", times,
+                         SHORT_HOST_RATIO_BOUND, "us")
 
 
 def test_model_step_within_bound_of_sdpa(device):
@@ -90,9 +85,4 @@ def test_model_step_within_bound_of_sdpa(device):
         for name in times:
             set_attention(model, name)
             times[name] += measure.time_calls(steps[name], device, warmup=1, steps=4)
-    ours, theirs = statistics.median(times["triton"]), statistics.median(times["sdpa"])
-    print(f"small GPT step, bf16, 4 x 512: ours {ours * 1e3:.2f} ms, SDPA {theirs * 1e3:.2f} ms, "
-          f"ratio {ours / theirs:.3f} (bound {MODEL_STEP_RATIO_BOUND})")
-    assert ours / theirs <= MODEL_STEP_RATIO_BOUND, (
-        f"small GPT step with our attention {ours * 1e3:.2f} ms is {ours / theirs:.3f}x the step with SDPA "
-        f"{theirs * 1e3:.2f} ms (bound {MODEL_STEP_RATIO_BOUND}x)")
+    _assert_ratio_within("small GPT step, bf16, 4 x 512", times, MODEL_STEP_RATIO_BOUND, "ms", scale=1e3)
