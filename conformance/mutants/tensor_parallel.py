@@ -148,7 +148,7 @@ def _gpt_with(**block_parts):
 
 
 def _cross_entropy(local_logits, targets, group=None, *, vocab_size=None, ignore_index=-100, reduction="mean",
-                   global_max=True, subtract_max=True, count="global"):
+                   global_max=True, subtract_max=True, count="global", mask="select"):
     """Vocab-parallel cross-entropy from differentiable pieces; the flags break one decision."""
     w, r = comm.group_size(group), comm.group_rank(group)
     vocab_size = vocab_size if vocab_size is not None else w * local_logits.shape[-1]
@@ -165,7 +165,10 @@ def _cross_entropy(local_logits, targets, group=None, *, vocab_size=None, ignore
     z = torch.gather(x, -1, local_t.unsqueeze(-1)).squeeze(-1) if x.shape[-1] else x.new_zeros(x.shape[:-1])
     z = comm.reduce_from_tp_region(torch.where(owned, z, torch.zeros_like(z)), group)
     s = comm.reduce_from_tp_region(x.exp().sum(-1), group)
-    loss = torch.where(counts, s.log() - z, torch.zeros_like(z)).to(local_logits.dtype)
+    if mask == "select":
+        loss = torch.where(counts, s.log() - z, torch.zeros_like(z)).to(local_logits.dtype)
+    else:  # "multiply": 0 x the loss of an ignored token; its gradient is inf x 0 = NaN under a mean over none
+        loss = ((s.log() - z) * counts.to(z.dtype)).to(local_logits.dtype)
     if reduction == "none":
         return loss
     if reduction == "sum":
@@ -210,6 +213,7 @@ ce_local_max = MutantTarget("ce_local_max", vocab_parallel_cross_entropy=_ce_wit
 ce_no_max = MutantTarget("ce_no_max", vocab_parallel_cross_entropy=_ce_with(subtract_max=False))
 ce_mean_over_owned_labels = MutantTarget("ce_mean_over_owned_labels", vocab_parallel_cross_entropy=_ce_with(count="owned"))
 ce_mean_counts_ignored = MutantTarget("ce_mean_counts_ignored", vocab_parallel_cross_entropy=_ce_with(count="all"))
+ce_ignored_masked_by_multiplying = MutantTarget("ce_ignored_masked_by_multiplying", vocab_parallel_cross_entropy=_ce_with(mask="multiply"))
 ce_right = MutantTarget("ce_right", vocab_parallel_cross_entropy=_ce_with())  # the control of the cross-entropy mutants
 
 
@@ -230,4 +234,5 @@ MUTANTS = (
     _m("ce_no_max", "cross-entropy exponentiates without subtracting the max", [_SHIFT, _HUGE]),
     _m("ce_mean_over_owned_labels", "cross-entropy mean divides by the labels in the rank's own shard", [_CE]),
     _m("ce_mean_counts_ignored", "cross-entropy mean divides by all tokens, ignored ones too", [_CE]),
+    _m("ce_ignored_masked_by_multiplying", "cross-entropy zeroes ignored tokens by multiplying by 0: NaN gradients when a mean counts no token", [_CE]),
 )

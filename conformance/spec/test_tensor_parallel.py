@@ -59,6 +59,11 @@ def test_vocab_parallel_cross_entropy_reductions_with_ignored_tokens_at_2_ranks(
     _run("vocab_parallel_cross_entropy_equals_cross_entropy_on_the_full_logits", target, _ce(2, 10, reduction, n_ignored=3))
 
 
+def test_vocab_parallel_cross_entropy_mean_over_only_ignored_tokens_is_nan_with_zero_gradient_at_2_ranks(target):
+    # as F.cross_entropy: the loss 0/0 is NaN, every logit's gradient 0 (not inf x 0 = NaN)
+    _run("vocab_parallel_cross_entropy_equals_cross_entropy_on_the_full_logits", target, _ce(2, 10, "mean", n_ignored=2 * 2 + 6))
+
+
 def test_vocab_parallel_cross_entropy_vocabulary_not_divisible_by_4_ranks(target):
     _run("vocab_parallel_cross_entropy_equals_cross_entropy_on_the_full_logits", target, _ce(4, 10, "mean", n_ignored=2, ignore_index=9))
 

@@ -76,7 +76,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if grad.shape[-1]:
             # subtract 1 at the target, on the rank that owns it
             grad.scatter_add_(-1, local_t.unsqueeze(-1), -owned.to(grad.dtype).unsqueeze(-1))
-        grad.mul_((grad_loss.to(grad.dtype) * counts.to(grad.dtype)).unsqueeze(-1))
+        # ignored tokens get 0 by selection, not by multiplying: a mean over no counted token
+        # sends grad_loss = 1/0 = inf, and inf * 0 would be NaN (F.cross_entropy gives 0)
+        scale = torch.where(counts, grad_loss.to(grad.dtype), torch.zeros((), dtype=grad.dtype, device=grad.device))
+        grad.mul_(scale.unsqueeze(-1))
         return grad.to(ctx.in_dtype), None, None, None, None, None
 
 
