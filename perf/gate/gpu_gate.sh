@@ -40,7 +40,9 @@ export NCCL_NVLS_ENABLE=0
 status_of() { if [ "$1" -eq 0 ]; then echo pass; elif [ "$1" -eq -1 ]; then echo "NOT RUN (GATE_STAGES)"; else echo "FAIL (exit $1)"; fi; }
 last_line() { if [ -f "$1" ]; then tail -n 1 "$1"; fi; }
 
-# GATE_PYTEST_ARGS: pytest arguments for the properties and conformance runs (default "-n <cores, at most 16>").
+# GATE_PYTEST_ARGS: pytest arguments for the properties and conformance runs (default "-n <cores, at most 16>
+# --dist worksteal": an idle worker takes tests queued behind a slow one; with xdist's default
+# split one worker drew the isolation selftests' hangs and ran 188 s while the others ran 45).
 # GATE_SHARDS: the kernels' laws run as this many independent shards each (default 4), so
 # xdist workers share one law's examples (pytest --shards).
 # GATE_STAGES: the stages to run (default properties conformance perf, plus distributed on 2+ GPUs); a stage left out is reported as not run
@@ -50,7 +52,7 @@ DEFAULT_STAGES="properties conformance perf"
 [ "$NGPU" -ge 2 ] && DEFAULT_STAGES="$DEFAULT_STAGES distributed"
 STAGES=" ${GATE_STAGES:-$DEFAULT_STAGES} "
 CORES=$(nproc); [ "$CORES" -gt 16 ] && CORES=16
-PYTEST_ARGS=${GATE_PYTEST_ARGS:--n $CORES}
+PYTEST_ARGS=${GATE_PYTEST_ARGS:--n $CORES --dist worksteal}
 SHARDS=${GATE_SHARDS:-4}
 RC_PROPS=-1; RC_CONF=-1; RC_PERF=-1; RC_DIST=-1
 T_PROPS=-; PROPS_SPLIT=""; T_CONF=-; T_PERF=-; T_DIST=-
