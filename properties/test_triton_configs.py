@@ -84,6 +84,36 @@ def test_every_config_computes_the_same_attention(device, shard):
 
 
 # ---------------------------------------------------------------------------------------
+# The default table's small-grid entries (which config the GPU path picks; CPU-checkable)
+# ---------------------------------------------------------------------------------------
+
+
+def test_small_grids_get_small_tiles_and_the_anchor_shapes_keep_the_table():
+    h100 = 132
+    fwd_table, bwd_table = ft._GPU_FWD[(False, 64)], ft._GPU_BWD[(False, 64)]
+    # CS336's sweep (batch 1, one head) up to N = 8192: half a wave of 128-row tiles or less
+    for n in (128, 1024, 8192):
+        assert ft.pick_forward_config(False, 64, 1, n, h100).block_m == 64
+        assert ft.pick_backward_config(False, 64, True, 1, n, h100).dkdv_block_n == 64
+    # the leaderboard shape (B1 H16 N16384) and float32 keep the table
+    assert ft.pick_forward_config(False, 64, 16, 16384, h100) == fwd_table
+    assert ft.pick_backward_config(False, 64, True, 16, 16384, h100) == bwd_table
+    assert ft.pick_forward_config(True, 64, 1, 128, h100) == ft._GPU_FWD[(True, 64)]
+    assert ft.pick_backward_config(True, 64, True, 1, 128, h100) == ft._GPU_BWD[(True, 64)]
+
+
+@given(bucket=st.sampled_from((64, 128, 256)), fp32=st.booleans(), causal=st.booleans(),
+       batch_heads=st.integers(1, 512), n=st.integers(1, 1 << 17), sms=st.sampled_from((78, 108, 132)))
+def test_a_grid_that_gets_the_table_keeps_it_when_it_grows(bucket, fp32, causal, batch_heads, n, sms):
+    """The small-grid entries stop at a grid size: more sequence or more heads never return to them."""
+    for pick in (lambda bh, m: ft.pick_forward_config(fp32, bucket, bh, m, sms),
+                 lambda bh, m: ft.pick_backward_config(fp32, bucket, causal, bh, m, sms)):
+        if pick(batch_heads, n) == pick(1 << 20, 1 << 20):  # the table's entry for this key
+            assert pick(2 * batch_heads, n) == pick(batch_heads, n)
+            assert pick(batch_heads, 2 * n) == pick(batch_heads, n)
+
+
+# ---------------------------------------------------------------------------------------
 # Mutants
 # ---------------------------------------------------------------------------------------
 

@@ -32,7 +32,9 @@ Contract
     the kernels compile without fused multiply-add, so the backward's exp(scale s - L) is
     exactly 1 where a row sees one key (see _scores and _launch).
     Tile sizes: a small table per (device kind, dtype, head dim; the backward also per
-    causal or not where that measured differently); ``flash_forward`` and
+    causal or not where that measured differently), and for 16-bit inputs on a GPU a
+    small-grid entry where batch x heads x 128-row tiles fill less than about one wave of
+    SMs (pick_forward_config, pick_backward_config); ``flash_forward`` and
     ``flash_backward`` take a ``config`` override (ForwardConfig / BackwardConfig or a
     dict of their fields).  Besides tiles, warps and stages a config chooses:
       longest_first  under causal masking, launch the programs with the most key (query)
@@ -57,6 +59,8 @@ sequence apply masks.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -505,26 +509,87 @@ _GPU_BWD = {
 }
 # Without a causal mask every program has the same work and the 64x64 tiles measured ~8%
 # faster at d=64 (fwd+bwd 10.7 vs 11.6 ms, B=1 H=16 N=16384, H100): where they differ.
+# d=128: 64x64 tiles beat 64x32 by 12 to 28 % at every grid measured (1 to 64 heads,
+# N 1024 to 16384), despite spilling (perf/results/2026-11-23-h100-attention-grids/).
 _GPU_BWD_NON_CAUSAL = {
-    (False, 64): BackwardConfig(64, 64, 64, 64, 4, 2, 128),
+    (False, 64): BackwardConfig(64, 64, 64, 64, 4, 2, 128, tma=True),
+    (False, 128): BackwardConfig(64, 64, 64, 64, 4, 2, 128, tma=True),
 }
+
+# Small grids: with few programs (CS336's sweep runs one batch and one head) each SM runs one
+# program at most, the time is one program's latency, and smaller tiles (more, shorter
+# programs) win.  "Programs" counts 128-row tiles x batch-heads (of the queries for the
+# forward, of the keys for the backward) against the GPU's SM count.  Measured on an H100
+# (16-bit, d 64 and 128; perf/results/2026-11-23-h100-attention-grids/): 64-row forward
+# tiles 10 to 17 % faster up to half an SM wave, even to 13 % slower from one wave on; the
+# 64x64 causal backward 5 to 23 % faster up to one wave, up to 13 % slower beyond; the
+# d=64 non-causal backward without tensor descriptors 4 to 13 % faster up to half a wave.
+_SMALL_GRID_FWD = {
+    64: (0.5, ForwardConfig(64, 64, 4, 2, longest_first=True)),
+    128: (0.5, ForwardConfig(64, 64, 4, 2, longest_first=True, tma=True)),
+}
+_SMALL_GRID_BWD = {
+    (True, 64): (1.0, BackwardConfig(64, 64, 64, 64, 4, 2, 128, longest_first=True, tma=True)),
+    (True, 128): (1.0, BackwardConfig(64, 64, 64, 64, 4, 2, 128, longest_first=True, tma=True)),
+    (False, 64): (0.5, BackwardConfig(64, 64, 64, 64, 4, 2, 128)),
+}
+
+
+def _waves(batch_heads: int, n: int, sm_count: int) -> float:
+    """Programs of 128-row tiles over ``batch_heads`` sequences of length ``n``, per SM."""
+    return batch_heads * triton.cdiv(n, 128) / sm_count
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _device_sm_count(device: torch.device) -> int:
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _head_dim_bucket(block_d: int) -> int:
     return 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
 
 
-def default_forward_config(dtype: torch.dtype, head_dim: int, device: torch.device) -> ForwardConfig:
+def default_forward_config(dtype: torch.dtype, head_dim: int, device: torch.device,
+                           batch_heads: int | None = None, n_q: int | None = None) -> ForwardConfig:
+    """The table's config; with ``batch_heads`` and ``n_q`` given, the small-grid one where
+    the launch would fill few SMs."""
     if device.type != "cuda":
         return _INTERPRETER_FWD
-    return _GPU_FWD[(dtype == torch.float32, _head_dim_bucket(_block_d(head_dim)))]
+    fp32, bucket = dtype == torch.float32, _head_dim_bucket(_block_d(head_dim))
+    if batch_heads is not None and n_q is not None:
+        return pick_forward_config(fp32, bucket, batch_heads, n_q, _device_sm_count(device))
+    return _GPU_FWD[(fp32, bucket)]
+
+
+def pick_forward_config(fp32: bool, bucket: int, batch_heads: int, n_q: int, sm_count: int) -> ForwardConfig:
+    small = None if fp32 else _SMALL_GRID_FWD.get(bucket)
+    if small is not None and _waves(batch_heads, n_q, sm_count) <= small[0]:
+        return small[1]
+    return _GPU_FWD[(fp32, bucket)]
 
 
 def default_backward_config(dtype: torch.dtype, head_dim: int, device: torch.device,
-                            is_causal: bool = True) -> BackwardConfig:
+                            is_causal: bool = True, batch_heads: int | None = None,
+                            n_k: int | None = None) -> BackwardConfig:
+    """The table's config; with ``batch_heads`` and ``n_k`` given, the small-grid one where
+    the launch would fill few SMs."""
     if device.type != "cuda":
         return _INTERPRETER_BWD
-    key = (dtype == torch.float32, _head_dim_bucket(_block_d(head_dim)))
+    fp32, bucket = dtype == torch.float32, _head_dim_bucket(_block_d(head_dim))
+    if batch_heads is not None and n_k is not None:
+        return pick_backward_config(fp32, bucket, bool(is_causal), batch_heads, n_k, _device_sm_count(device))
+    return pick_backward_config(fp32, bucket, bool(is_causal), None, None, None)
+
+
+def pick_backward_config(fp32: bool, bucket: int, is_causal: bool, batch_heads, n_k, sm_count) -> BackwardConfig:
+    small = None if fp32 or batch_heads is None else _SMALL_GRID_BWD.get((is_causal, bucket))
+    if small is not None and _waves(batch_heads, n_k, sm_count) <= small[0]:
+        return small[1]
+    key = (fp32, bucket)
     if not is_causal and key in _GPU_BWD_NON_CAUSAL:
         return _GPU_BWD_NON_CAUSAL[key]
     return _GPU_BWD[key]
@@ -640,7 +705,9 @@ class _ForwardPlan:
         self.scale = validate_attention_inputs(q, k, v, is_causal, scale, max_head_dim=256, triton=True)
         self.is_causal = bool(is_causal)
         d = q.shape[-1]
-        cfg = _coerce_config(config, ForwardConfig, default_forward_config(q.dtype, d, q.device))
+        batch_heads = math.prod(q.shape[:-2])
+        cfg = _coerce_config(config, ForwardConfig,
+                             default_forward_config(q.dtype, d, q.device, batch_heads, q.shape[-2]))
         _check_blocks(block_m=cfg.block_m, block_n=cfg.block_n)
         self.o_shape, self.lse_shape = q.shape, q.shape[:-1]
         self.dtype, self.device = q.dtype, q.device
@@ -676,7 +743,9 @@ class _BackwardPlan:
 
     def __init__(self, q, k, v, o, lse, grad_o, is_causal: bool, scale: float, config=None):
         d = q.shape[-1]
-        cfg = _coerce_config(config, BackwardConfig, default_backward_config(q.dtype, d, q.device, is_causal))
+        batch_heads = math.prod(q.shape[:-2])
+        cfg = _coerce_config(config, BackwardConfig,
+                             default_backward_config(q.dtype, d, q.device, is_causal, batch_heads, k.shape[-2]))
         _check_blocks(dkdv_block_n=cfg.dkdv_block_n, dkdv_block_m=cfg.dkdv_block_m, dq_block_m=cfg.dq_block_m,
                       dq_block_n=cfg.dq_block_n, preprocess_block_m=cfg.preprocess_block_m)
         self.q_shape, self.k_shape, self.v_shape, self.lse_shape = q.shape, k.shape, v.shape, q.shape[:-1]

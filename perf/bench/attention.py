@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import functools
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -209,8 +210,16 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
           passes: Sequence[str] = PASSES, *, device="cpu", batch: int = 1, heads: int = 1,
           masks: Sequence[str] = ("causal",),
           time_budget_s: float | None = None, target: str | None = None, warmup_ms: float = 25.0,
-          rep_ms: float = 100.0, log=print) -> SweepResult:
-    """Every (dtype, d, seq, impl, pass), smallest sequences first, until the budget runs out."""
+          rep_ms: float = 100.0, rounds: int = 1, log=print) -> SweepResult:
+    """Every (dtype, d, seq, impl, pass), smallest sequences first, until the budget runs out.
+
+    ``rounds`` > 1: each case measures every implementation once a round, the rounds one after
+    another, and a row holds the median of its rounds (``ms_rounds`` the values).  Where the
+    host decides the time (short sequences), the host's speed drifts by tens of percent over
+    seconds; interleaving puts every implementation in every phase of it.
+    """
+    if not (isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
     for p in passes:
         if p not in PASSES:
             raise ValueError(f"unknown pass {p!r}; expected one of {', '.join(PASSES)}")
@@ -221,14 +230,21 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
     cases = [Case(s, d, dt, batch, heads, MASKS[m]) for m in masks for dt in dtypes for d in dims for s in sorted(seqs)]
     deadline = Deadline(time_budget_s)
     result = SweepResult()
+    warm_up_device(device)
     for case in cases:
+        if deadline.expired:
+            result.not_run.extend(f"{impl.name} {_case_label(case)}" for impl in impls)
+            continue
+        by_key: dict = {}
+        for _ in range(rounds):
+            for impl in impls:
+                for pass_ in passes:
+                    row = measure_pass(impl, case, pass_, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+                    by_key.setdefault((impl.name, pass_), []).append(row)
         for impl in impls:
-            label = f"{impl.name} {case.dtype} d={case.d} N={case.seq}" + ("" if case.causal else " full")
-            if deadline.expired:
-                result.not_run.append(label)
-                continue
+            label = f"{impl.name} {_case_label(case)}"
             for pass_ in passes:
-                row = measure_pass(impl, case, pass_, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+                row = _median_of_rounds(by_key[(impl.name, pass_)])
                 result.rows.append(row)
                 if log:
                     value = f"{row['ms']:10.3f} ms" if row["ms"] is not None else f"{row['status'][:60]:>13}"
@@ -238,6 +254,43 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
     if result.not_run and log:
         log(f"time budget of {time_budget_s} s reached: {len(result.not_run)} (impl, case) pairs not run")
     return result
+
+
+def _case_label(case: Case) -> str:
+    return f"{case.dtype} d={case.d} N={case.seq}" + ("" if case.causal else " full")
+
+
+def _median_of_rounds(rows: list[dict]) -> dict:
+    """One row from a pass's rounds: the median time and host time, the largest peak; the
+    first round's first-call time (the one that compiled)."""
+    row = dict(rows[0])
+    ok = [r for r in rows if r["ms"] is not None]
+    if len(rows) > 1:
+        row["ms_rounds"] = [r["ms"] for r in rows]
+    if ok and len(ok) == len(rows):
+        row["ms"] = statistics.median(r["ms"] for r in ok)
+        row["tflops"] = statistics.median(r["tflops"] for r in ok)
+        hosts = [r["host_us"] for r in ok if r.get("host_us") is not None]
+        row["host_us"] = statistics.median(hosts) if hosts else None
+        peaks = [r["peak_mib"] for r in ok if r.get("peak_mib") is not None]
+        row["peak_mib"] = max(peaks) if peaks else None
+    elif ok:  # some rounds failed: the row is the failure (a flaky case is not a time)
+        row = dict(next(r for r in rows if r["ms"] is None))
+    return row
+
+
+def warm_up_device(device, seconds: float = 1.0) -> None:
+    """Keep a GPU busy for ``seconds`` before the first measurement: an idle H100 sits at a
+    few hundred MHz and the first cases of a sweep would otherwise run while it clocks up."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize(device)
 
 
 # --- outputs -----------------------------------------------------------------------------
@@ -342,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heads", type=int, default=1)
     parser.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warm-up (milliseconds)")
     parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time (milliseconds)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every implementation once a round, this many rounds; rows are medians")
     parser.add_argument("--time-budget-s", type=float, default=None, help="stop between cases after this long")
     parser.add_argument("--target", default=None, help="implementation under test for triton/pytorch (default impl)")
     parser.add_argument("--out", default="perf-out", help="folder for the tables and plots")
@@ -357,13 +412,14 @@ def main(argv: Sequence[str] | None = None) -> SweepResult:
     seqs = parse_lengths(opts.seq) if opts.seq else defaults["seq"]
     dims, dtypes, impls = opts.dims or defaults["dims"], opts.dtypes or defaults["dtypes"], opts.impls or defaults["impls"]
     meta = dict(measure.device_description(device), seqs=seqs, dims=dims, dtypes=dtypes, impls=impls,
-                passes=opts.passes, batch=opts.batch, heads=opts.heads, masks=opts.masks,
+                passes=opts.passes, batch=opts.batch, heads=opts.heads, masks=opts.masks, rounds=opts.rounds,
                 timing="triton.testing.do_bench median" if device.type == "cuda" else "perf_counter median",
                 target=opts.target or "impl")
     print(f"attention sweep on {meta.get('gpu', device)}: seq {seqs}, d {dims}, {dtypes}, {impls}, {opts.passes}")
     result = sweep(seqs, dims, dtypes, impls, opts.passes, device=device, batch=opts.batch, heads=opts.heads,
                    masks=opts.masks,
-                   time_budget_s=opts.time_budget_s, target=opts.target, warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms)
+                   time_budget_s=opts.time_budget_s, target=opts.target, warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms,
+                   rounds=opts.rounds)
     paths = write_outputs(result, opts.out, meta, plots=not opts.no_plots, impl_order=impls)
     print((Path(opts.out) / "attention.md").read_text())
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -3,6 +3,6 @@
 _gate_demo_real_forward_config = default_forward_config  # noqa: F821
 
 
-def default_forward_config(dtype, head_dim, device):  # noqa: F811
-    cfg = _gate_demo_real_forward_config(dtype, head_dim, device)
+def default_forward_config(dtype, head_dim, device, *grid):  # noqa: F811
+    cfg = _gate_demo_real_forward_config(dtype, head_dim, device, *grid)
     return replace(cfg, block_m=16, block_n=16, num_warps=1, num_stages=1) if device.type == "cuda" else cfg  # noqa: F821
