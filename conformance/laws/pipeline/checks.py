@@ -20,7 +20,7 @@ from fractions import Fraction
 import torch
 
 from conformance import oracle
-from conformance.harness import run_on_ranks
+from conformance.harness import resolve_device, run_on_ranks
 from conformance.laws.pipeline import reference
 from conformance.laws.pipeline.rank import rank_pipeline_grads
 from conformance.laws.pipeline.simulate import in_flight_peak, simulate
@@ -160,7 +160,7 @@ def check_parity(subject, case, names=("afab", "1f1b"), device=None) -> None:
     backwards run in the same micro-batch order on every stage agree to the bit."""
     results = run_on_ranks(rank_pipeline_grads, case.world_size, subject, case, names, timeout=CASE_TIMEOUT_S, device=device)
     ref64, loss64 = reference.dense(case, torch.float64)
-    eager, loss32 = reference.eager(case, ref64)
+    eager, loss32 = reference.eager(case, ref64, resolve_device(device))
     magnitude = reference.per_sample_magnitude(case)
     for name in names:
         seen = {}
