@@ -91,10 +91,10 @@ def test_every_config_computes_the_same_attention(device, shard):
 def test_small_grids_get_small_tiles_and_the_anchor_shapes_keep_the_table():
     h100 = 132
     fwd_table, bwd_table = ft._GPU_FWD[(False, 64)], ft._GPU_BWD[(False, 64)]
-    # CS336's sweep (batch 1, one head) up to N = 8192: half a wave of 128-row tiles or less
-    for n in (128, 1024, 8192):
-        assert ft.pick_forward_config(False, 64, 1, n, h100).block_m == 64
+    # CS336's sweep (batch 1, one head) up to N = 16384: one wave of 128-row tiles or less
+    for n in (128, 1024, 16384):
         assert ft.pick_backward_config(False, 64, True, 1, n, h100).dkdv_block_n == 64
+        assert ft.pick_forward_config(False, 64, 1, n, h100) == fwd_table  # no small-grid forward (L2)
     # the leaderboard shape (B1 H16 N16384) and float32 keep the table
     assert ft.pick_forward_config(False, 64, 16, 16384, h100) == fwd_table
     assert ft.pick_backward_config(False, 64, True, 16, 16384, h100) == bwd_table

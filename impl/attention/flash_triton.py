@@ -33,8 +33,8 @@ Contract
     exactly 1 where a row sees one key (see _scores and _launch).
     Tile sizes: a small table per (device kind, dtype, head dim; the backward also per
     causal or not where that measured differently), and for 16-bit inputs on a GPU a
-    small-grid entry where batch x heads x 128-row tiles fill less than about one wave of
-    SMs (pick_forward_config, pick_backward_config); ``flash_forward`` and
+    small-grid backward entry where batch x heads x 128-row key tiles fill at most about
+    one wave of SMs (pick_backward_config); ``flash_forward`` and
     ``flash_backward`` take a ``config`` override (ForwardConfig / BackwardConfig or a
     dict of their fields).  Besides tiles, warps and stages a config chooses:
       longest_first  under causal masking, launch the programs with the most key (query)
@@ -518,16 +518,15 @@ _GPU_BWD_NON_CAUSAL = {
 
 # Small grids: with few programs (CS336's sweep runs one batch and one head) each SM runs one
 # program at most, the time is one program's latency, and smaller tiles (more, shorter
-# programs) win.  "Programs" counts 128-row tiles x batch-heads (of the queries for the
+# programs) can win.  "Programs" counts 128-row tiles x batch-heads (of the queries for the
 # forward, of the keys for the backward) against the GPU's SM count.  Measured on an H100
-# (16-bit, d 64 and 128; perf/results/2026-11-23-h100-attention-grids/): 64-row forward
-# tiles 10 to 17 % faster up to half an SM wave, even to 13 % slower from one wave on; the
-# 64x64 causal backward 5 to 23 % faster up to one wave, up to 13 % slower beyond; the
-# d=64 non-causal backward without tensor descriptors 4 to 13 % faster up to half a wave.
-_SMALL_GRID_FWD = {
-    64: (0.5, ForwardConfig(64, 64, 4, 2, longest_first=True)),
-    128: (0.5, ForwardConfig(64, 64, 4, 2, longest_first=True, tma=True)),
-}
+# (16-bit, d 64 and 128; perf/results/2026-11-23-h100-attention-grids/): the 64x64 causal
+# backward 5 to 23 % faster up to one wave, up to 13 % slower beyond; the d=64 non-causal
+# backward without tensor descriptors 4 to 13 % faster up to half a wave.  64-row forward
+# tiles were 10 to 17 % faster with the inputs in L2 but 15 to 25 % slower in the sweep,
+# which empties L2 before each call (twice the programs read K and V from memory): no
+# small-grid forward entry.
+_SMALL_GRID_FWD: dict = {}
 _SMALL_GRID_BWD = {
     (True, 64): (1.0, BackwardConfig(64, 64, 64, 64, 4, 2, 128, longest_first=True, tma=True)),
     (True, 128): (1.0, BackwardConfig(64, 64, 64, 64, 4, 2, 128, longest_first=True, tma=True)),
