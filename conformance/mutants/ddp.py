@@ -164,6 +164,16 @@ class MissingGradientBecomesZero(BucketedDDP):
             p.grad = view
 
 
+class PresenceFlagsNotReset(BucketedDDP):
+    """The per-bucket presence flags are not set back to 1 after a round: a rank with every
+    gradient writes no flags, so it sends last round's averaged flags.  After a round where
+    no rank had a gradient (flag 0), a rank that now has it still says 0, and a rank missing
+    it reads "no rank had it" and sets None instead of the average."""
+
+    def _end_round(self):
+        pass
+
+
 class StaleReadySetAfterNoSync(BucketedDDP):
     """Hooks mark gradients ready under no_sync() too, and the marks are cleared only by
     finish: the next synced backward finds every bucket already complete and launches it
@@ -239,6 +249,7 @@ _MUTANTS = {
     "finish_does_not_wait": (FinishDoesNotWait, _Spec("finish returns before the all-reduces complete", ("replicas_match", "spec:exact_average"), "individual")),
     "tied_weight_in_two_buckets": (TiedWeightInTwoBuckets, _Spec("a tied weight is bucketed and reduced once per name", ("layout",), "bucketed")),
     "frozen_parameter_reduced": (FrozenParameterReduced, _Spec("frozen parameters are bucketed and get zero gradients", ("layout", "replicas_match", "spec:frozen_and_unused"), "bucketed")),
+    "presence_flags_not_reset": (PresenceFlagsNotReset, _Spec("presence flags keep last round's average", ("spec:frozen_and_unused",), "bucketed")),
     "missing_gradient_becomes_zero": (MissingGradientBecomesZero, _Spec("a gradient no rank produced becomes zero, not None", ("replicas_match", "spec:frozen_and_unused"), "bucketed")),
     # its bug is a race (the early all-reduce reads the bucket before or after the rest of
     # the micro-batch is accumulated into it): the no_sync law's many examples catch it; the

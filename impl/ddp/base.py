@@ -130,6 +130,7 @@ class OrderedOverlapBase(DataParallelBase):
     def __init__(self, module: nn.Module):
         super().__init__(module)
         self.comm_stream = comm.CommStream(self.device, enabled=self.side_stream)
+        self._averager = comm.Averager(self.device)
         self._units = self._build_units()
         self._unit_of = {id(p): u for u in self._units for p in u.params}
         self._next_launch = 0
@@ -151,11 +152,14 @@ class OrderedOverlapBase(DataParallelBase):
 
     def _start_average(self, unit: Unit, tensor: torch.Tensor) -> comm.PendingAverage:
         """The unit's collective (asynchronous)."""
-        return comm.launch_average(tensor)
+        return self._averager.launch(tensor)
 
     def _complete_missing(self, unit: Unit, presence: torch.Tensor | None) -> None:
         """After the wait, for a unit with a gradient missing here: averaged gradient or None."""
         raise NotImplementedError
+
+    def _end_round(self) -> None:
+        """After the waits and the presence rule: prepare the units' state for the next round."""
 
     def _hooked_params(self) -> list[nn.Parameter]:
         return [p for u in self._units for p in u.params]
@@ -199,6 +203,7 @@ class OrderedOverlapBase(DataParallelBase):
             for unit in self._units:
                 if not all(unit.local_present):
                     self._complete_missing(unit, presence)
+            self._end_round()
         finally:
             self._reset_round()
 

@@ -19,13 +19,15 @@ Timeline of a synced backward pass
     hook(p)       marks p ready; when every parameter of the next bucket in launch order
                   is ready, the bucket is launched (and any ready buckets behind it)
     launch        on a side stream (CUDA) after the gradients: copy the fresh gradients
-                  into the buffer (one multi-tensor copy), set the presence flags, start
+                  into the buffer (one multi-tensor copy), start
                   the all-reduce, point ``param.grad`` at the buffer (the fresh gradient
                   tensor is freed early; the allocator is told the side stream reads it)
     finish        launch buckets still waiting (missing gradients count as zero), wait
                   (NCCL: the compute stream waits, the host does not), divide where the
                   backend only sums, and only where a gradient was missing here read
-                  the averaged flags back: > 0 keeps the view, 0 sets ``.grad = None``
+                  the averaged flags back: > 0 keeps the view, 0 sets ``.grad = None``;
+                  then every flag is set back to 1 (one multi-tensor copy), so a launch
+                  where this rank has every gradient writes no flags
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class Bucket(Unit):
             self.views.append(self.buffer[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         self.presence = self.buffer[numel:]
+        self.ones = torch.ones(len(params), dtype=params[0].dtype, device=params[0].device)
+        self.presence.fill_(1)  # kept at 1 between rounds: a launch with every gradient writes nothing
 
     @property
     def nbytes(self) -> int:
@@ -110,9 +114,13 @@ class BucketedDDP(OrderedOverlapBase):
         return [Bucket(i, [order[j][1] for j in idx], [order[j][0] for j in idx]) for i, idx in enumerate(layout)]
 
     def _launch(self, bucket: Bucket) -> None:
+        # The host's hot path, once per bucket per step (in a host-bound step every
+        # microsecond here adds to the step): one multi-tensor copy and the collective;
+        # the flags already read 1 (see _end_round).
         present = [p.grad is not None for p in bucket.params]
         bucket.local_present = present
-        with self.comm_stream.after_current():
+        previous = self.comm_stream.enter()
+        try:
             sources, targets = [], []
             for p, view, here in zip(bucket.params, bucket.views, present):
                 if not here:
@@ -120,18 +128,24 @@ class BucketedDDP(OrderedOverlapBase):
                 elif p.grad is not view:
                     sources.append(p.grad)
                     targets.append(view)
+            if not all(present):
+                bucket.presence.copy_(torch.tensor([float(f) for f in present], dtype=bucket.buffer.dtype))
             if sources:
                 torch._foreach_copy_(targets, sources)
-                for g in sources:
-                    self.comm_stream.keep_alive(g)
-            if all(present):
-                bucket.presence.fill_(1)
-            else:
-                bucket.presence.copy_(torch.tensor([float(f) for f in present], dtype=bucket.buffer.dtype))
+                if self.comm_stream.stream is not None:
+                    for g in sources:
+                        self.comm_stream.keep_alive(g)
             bucket.pending = self._start_average(bucket, bucket.buffer)
+        finally:
+            self.comm_stream.leave(previous)
         for p, view, here in zip(bucket.params, bucket.views, present):
             if here:
                 p.grad = view
+
+    def _end_round(self) -> None:
+        # After the average a flag reads 1 only if every rank had the gradient: set them all
+        # back to 1 for the next round, in one multi-tensor copy per step (not one per bucket).
+        torch._foreach_copy_([b.presence for b in self._units], [b.ones for b in self._units])
 
     def _complete_missing(self, bucket: Bucket, presence) -> None:
         anywhere = bucket.presence.tolist()

@@ -4,7 +4,8 @@
 and returns a ``PendingAverage``; its ``wait()`` leaves the average in ``t``.  NCCL does
 the division inside the collective (``ReduceOp.AVG``); other backends sum, and the
 division runs once the sum has arrived.  Either way every rank divides the same bits by
-the same number, so the result is bit-identical across ranks.
+the same number, so the result is bit-identical across ranks.  ``Averager`` makes that
+choice once, for a wrapper that launches many collectives a step.
 
 On CUDA, ``CommStream`` is a side stream for the work that feeds a collective (copying
 gradients into a bucket): it starts after everything queued so far on the current
@@ -13,8 +14,6 @@ On the CPU it is a no-op.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import torch.distributed as dist
@@ -26,11 +25,6 @@ def require_process_group(who: str) -> None:
             f"{who} needs an initialised default process group: call "
             "torch.distributed.init_process_group(...) on every rank before wrapping the module"
         )
-
-
-def _averages_in_collective(tensor: torch.Tensor) -> bool:
-    """NCCL has ReduceOp.AVG; gloo (and the rest) only sum."""
-    return tensor.is_cuda and "nccl" in str(dist.get_backend()).lower()
 
 
 class PendingAverage:
@@ -53,14 +47,24 @@ class PendingAverage:
 
 def launch_average(tensor: torch.Tensor, async_op: bool = True) -> PendingAverage:
     """Start averaging ``tensor`` (in place) over the default process group."""
-    n = dist.get_world_size()
-    if _averages_in_collective(tensor):
-        op, divisor = dist.ReduceOp.AVG, 1
-    else:
-        op, divisor = dist.ReduceOp.SUM, n
-    # Looked up on the module at call time (not imported by name), so a test can observe it.
-    work = dist.all_reduce(tensor, op=op, async_op=async_op)
-    return PendingAverage(tensor, work if async_op else None, divisor)
+    return Averager(tensor.device).launch(tensor, async_op)
+
+
+class Averager:
+    """``launch_average`` with the backend's choice (AVG inside the collective, or SUM then
+    divide) made once: a wrapper launching hundreds of buckets a step asks for it once."""
+
+    def __init__(self, device: torch.device):
+        n = dist.get_world_size()
+        if torch.device(device).type == "cuda" and "nccl" in str(dist.get_backend()).lower():
+            self.op, self.divisor = dist.ReduceOp.AVG, 1
+        else:
+            self.op, self.divisor = dist.ReduceOp.SUM, n
+
+    def launch(self, tensor: torch.Tensor, async_op: bool = True) -> PendingAverage:
+        # Looked up on the module at call time (not imported by name), so a test can observe it.
+        work = dist.all_reduce(tensor, op=self.op, async_op=async_op)
+        return PendingAverage(tensor, work if async_op else None, self.divisor)
 
 
 def average_(tensor: torch.Tensor) -> torch.Tensor:
@@ -69,22 +73,34 @@ def average_(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class CommStream:
-    """Where the work feeding a collective runs: a CUDA side stream, or inline on the CPU."""
+    """Where the work feeding a collective runs: a CUDA side stream, or inline on the CPU.
+
+    ``enter()`` switches to the side stream after all work queued so far on the current
+    one and returns what ``leave(previous)`` restores (None on the CPU: nothing to do).
+    Two plain calls, not a context manager: they run once per bucket on the host's hot path.
+    """
 
     def __init__(self, device: torch.device, enabled: bool = True):
         self.stream = torch.cuda.Stream(device=device) if enabled and device.type == "cuda" else None
+        # One event, recorded again at every launch: Stream.wait_stream would create (and
+        # later destroy) a fresh CUDA event per call.
+        self._ready = torch.cuda.Event() if self.stream is not None else None
+        self._device_index = device.index if self.stream is not None else None
 
-    @contextlib.contextmanager
-    def after_current(self):
-        """Run the block on the side stream, after all work queued so far on the current one."""
+    def enter(self):
         if self.stream is None:
-            yield
-            return
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-        with torch.cuda.stream(self.stream):
-            yield
+            return None
+        current = torch.cuda.current_stream(self._device_index)
+        self._ready.record(current)
+        self.stream.wait_event(self._ready)
+        torch.cuda.set_stream(self.stream)
+        return current
+
+    def leave(self, previous) -> None:
+        if previous is not None:
+            torch.cuda.set_stream(previous)
 
     def keep_alive(self, tensor: torch.Tensor) -> None:
         """Tell the caching allocator ``tensor`` is read on the side stream (it may be freed sooner)."""
-        if self.stream is not None and tensor.is_cuda:
+        if self.stream is not None:
             tensor.record_stream(self.stream)
