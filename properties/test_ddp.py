@@ -19,8 +19,13 @@ from conformance.laws.ddp.flavours import FLAVOURS
 
 pytestmark = pytest.mark.distributed
 
-# With the default target, impl's naive and flat wrappers are checked too (2026 names).
-OWN_WRAPPERS = {"impl-naive": "conformance.adapters.impl_ddp_wrappers:naive", "impl-flat": "conformance.adapters.impl_ddp_wrappers:flat"}
+# With the default target, impl's naive and flat wrappers are checked too (2026 names), and
+# the bucketed one with its CUDA side stream on (2025 bucketed names): (target, flavour).
+OWN_WRAPPERS = {
+    "impl-naive": ("conformance.adapters.impl_ddp_wrappers:naive", "ddp2026"),
+    "impl-flat": ("conformance.adapters.impl_ddp_wrappers:flat", "ddp2026"),
+    "impl-bucketed-side-stream": ("conformance.adapters.impl_ddp_wrappers:bucketed_side_stream", "bucketed"),
+}
 
 
 @pytest.fixture(params=list(FLAVOURS) + list(OWN_WRAPPERS))
@@ -33,8 +38,8 @@ def subject(flavour, target):
     """(target spec, flavour); skipped as "not offered" when the target lacks the flavour."""
     if flavour in OWN_WRAPPERS:
         if target.spec != "impl":
-            pytest.skip(f"{OWN_WRAPPERS[flavour]} checks impl's own wrappers; it runs with the default target")
-        spec, flavour = OWN_WRAPPERS[flavour], "ddp2026"
+            pytest.skip(f"{OWN_WRAPPERS[flavour][0]} checks impl's own wrappers; it runs with the default target")
+        spec, flavour = OWN_WRAPPERS[flavour]
     else:
         spec = target.spec
     laws.probe(spec, flavour)

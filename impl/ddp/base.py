@@ -125,7 +125,7 @@ class OrderedOverlapBase(DataParallelBase):
     """
 
     # Feed collectives from a CUDA side stream (True) or from the backward's own stream.
-    side_stream = True
+    side_stream = False
 
     def __init__(self, module: nn.Module):
         super().__init__(module)

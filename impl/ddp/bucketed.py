@@ -18,10 +18,10 @@ Buffer
 Timeline of a synced backward pass
     hook(p)       marks p ready; when every parameter of the next bucket in launch order
                   is ready, the bucket is launched (and any ready buckets behind it)
-    launch        on a side stream (CUDA) after the gradients: copy the fresh gradients
-                  into the buffer (one multi-tensor copy), start
+    launch        copy the fresh gradients into the buffer (one multi-tensor copy), start
                   the all-reduce, point ``param.grad`` at the buffer (the fresh gradient
-                  tensor is freed early; the allocator is told the side stream reads it)
+                  tensor is freed now); with ``side_stream=True`` the copy runs on a CUDA
+                  side stream after the gradients (the allocator is told it reads them)
     finish        launch buckets still waiting (missing gradients count as zero), wait
                   (NCCL: the compute stream waits, the host does not), divide where the
                   backend only sums, and only where a gradient was missing here read
@@ -92,9 +92,15 @@ class Bucket(Unit):
 
 
 class BucketedDDP(OrderedOverlapBase):
-    def __init__(self, module: nn.Module, bucket_size_mb: float | None = None, *, side_stream: bool = True):
+    def __init__(self, module: nn.Module, bucket_size_mb: float | None = None, *, side_stream: bool = False):
         self.bucket_size_mb = check_bucket_size_mb(bucket_size_mb)
-        self.side_stream = bool(side_stream)  # False: copy into the bucket on the backward's stream
+        # False (default, like torch DDP): copy into the bucket on the backward's own stream.
+        # True: on a side stream, beside the backward.  Measured on one H100, one rank, one
+        # bucket per parameter (perf/notes/RESULTS.md): the side stream costs the host about
+        # twice as much per bucket (an event, two stream switches, and the allocator's
+        # cross-stream frees) for the same peak memory; it only pays where the device,
+        # not the host, bounds the step.
+        self.side_stream = bool(side_stream)
         super().__init__(module)
 
     @property

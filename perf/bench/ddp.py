@@ -10,8 +10,10 @@ Variants, each on a fresh model (hooks left by one wrapper must not slow the nex
     flat                impl FlatDDP: one all-reduce of all gradients, flattened, after backward
     individual          impl OverlappedIndividualDDP: async all-reduce per parameter from its hook
     bucketed_<MB>       impl BucketedDDP(bucket_size_mb=MB), MB in 1 5 10 25 50 100 250 and none (one bucket)
-    bucketed_<MB>_cur   the same with side_stream=False: gradients copied into the bucket on the
-                        backward's own stream (by request, not in the default list)
+    bucketed_<MB>_side  the same with side_stream=True: gradients copied into the bucket on a
+                        CUDA side stream (by request, not in the default list)
+    bucketed_<MB>_cur   side_stream=False spelled out (the default: gradients copied into the
+                        bucket on the backward's own stream)
     torch_ddp_<MB>      torch DistributedDataParallel(bucket_cap_mb=MB), MB in 10 25 50 100 250
     torch_ddp_25_gav    the same at 25 MB with gradient_as_bucket_view=True
     local_again         local once more, last: drift of the machine over the run
@@ -101,7 +103,7 @@ class Config:
     seed: int = 0
 
 
-VARIANT_SUFFIXES = ("_gav", "_cur")  # torch DDP gradient_as_bucket_view; ours without the side stream
+VARIANT_SUFFIXES = ("_gav", "_cur", "_side")  # torch DDP gradient_as_bucket_view; ours on the current / a side stream
 
 
 def bucket_mb(variant: str) -> float | None:
@@ -138,7 +140,7 @@ def build_variant(variant: str, model, device):
     elif variant == "individual":
         wrapper = OverlappedIndividualDDP(model)
     elif variant.startswith("bucketed_"):
-        wrapper = BucketedDDP(model, bucket_size_mb=bucket_mb(variant), side_stream=not variant.endswith("_cur"))
+        wrapper = BucketedDDP(model, bucket_size_mb=bucket_mb(variant), side_stream=variant.endswith("_side"))
     else:
         raise ValueError(f"unknown variant {variant!r}")
     cleanup = getattr(wrapper, "remove_hooks", noop)

@@ -9,8 +9,8 @@ nvidia-smi topo -m > "$W/topology.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))" | tee "$W/env.txt"
 timeout 130 python3 -m perf.bench.allreduce --out "$W/allreduce" --cpu-worlds --timeout 100 2>&1 | tail -n 30
 timeout 200 python3 -m perf.bench.ddp --out "$W/ddp" --iters 20 --time-budget-s 170 --timeout 90 \
-  --variants local bucketed_25 bucketed_25_cur bucketed_250 bucketed_250_cur individual torch_ddp_25 torch_ddp_250 local_again \
-  --profile bucketed_25 bucketed_25_cur torch_ddp_25 2>&1 | tail -n 45
+  --variants local bucketed_25 bucketed_25_side bucketed_250 bucketed_250_side individual torch_ddp_25 torch_ddp_250 local_again \
+  --profile bucketed_25 bucketed_25_side torch_ddp_25 2>&1 | tail -n 45
 timeout 230 python3 -m perf.bench.scaling --out "$W/scaling" --time-budget-s 200 --timeout 90 \
-  --variants torch_ddp_25 torch_ddp_250 bucketed_250 bucketed_250_cur 2>&1 | tail -n 30
+  --variants torch_ddp_25 torch_ddp_250 bucketed_250 bucketed_250_side 2>&1 | tail -n 30
 tar czf "$OUT/scale-bench.tgz" -C "$W" . && ls -la "$OUT"

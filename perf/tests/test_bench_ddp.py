@@ -13,7 +13,7 @@ import pytest
 from perf.bench.ddp import MIB, bucket_mb, exposed_seconds, optimal_bucket_mb, predict
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOKE_VARIANTS = ["local", "naive", "flat", "individual", "bucketed_1", "bucketed_1_cur", "bucketed_none", "torch_ddp_25", "local_again"]
+SMOKE_VARIANTS = ["local", "naive", "flat", "individual", "bucketed_1", "bucketed_1_side", "bucketed_none", "torch_ddp_25", "local_again"]
 
 
 def _run(args, tmp_path):
@@ -65,6 +65,7 @@ def test_variant_names_carry_their_bucket_size():
     assert bucket_mb("bucketed_25") == 25.0 and bucket_mb("bucketed_none") is None
     assert bucket_mb("torch_ddp_100") == 100.0 and bucket_mb("torch_ddp_25_gav") == 25.0
     assert bucket_mb("bucketed_25_cur") == 25.0 and bucket_mb("bucketed_none_cur") is None
+    assert bucket_mb("bucketed_25_side") == 25.0 and bucket_mb("bucketed_none_side") is None
 
 
 @pytest.mark.distributed
