@@ -85,6 +85,12 @@ def _hooks_active() -> bool:
     return any(getattr(h, "calls", h is not None) for h in hooks)
 
 
+class ConfigDoesNotFit(ValueError):
+    """A tile configuration needs more of the GPU (shared memory) than it has, even with
+    one pipeline stage: refused with what it needed and what there is, before any output
+    is written (a config the default tables hold always fits)."""
+
+
 class Launch:
     """One kernel launch with everything but the first arguments (the tensors) fixed."""
 
@@ -149,16 +155,25 @@ class Launch:
                 compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
             except triton.runtime.errors.OutOfResources as exc:
                 if self.options.get("num_stages", 1) <= 1:
-                    raise
+                    raise self._does_not_fit(exc) from exc
                 warnings.warn(f"{self.kernel.fn.__name__}: {exc}; retrying with num_stages=1", RuntimeWarning,
                               stacklevel=4)
                 self.options = {**self.options, "num_stages": 1}
-                compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
+                try:
+                    compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
+                except triton.runtime.errors.OutOfResources as exc1:
+                    raise self._does_not_fit(exc1) from exc1
         if hasattr(compiled, "result"):  # an asynchronous compilation's future
             compiled = compiled.result()
         if self.direct_ok and self.compiled is None:
             self.compiled = compiled
             self._bind_c_launcher(compiled)
+
+    def _does_not_fit(self, exc) -> ConfigDoesNotFit:
+        tiles = {k: v for k, v in self.constexprs.items() if k.isupper() or k.startswith("BLOCK")}
+        return ConfigDoesNotFit(
+            f"{self.kernel.fn.__name__}: the tile configuration {tiles} with {self.options} does not fit this GPU "
+            f"even with num_stages=1 ({exc}); choose smaller blocks for this head dimension and dtype")
 
     def _bind_c_launcher(self, compiled) -> None:
         """Keep Triton's C launch function where its launcher is the one this was written
