@@ -151,7 +151,8 @@ class BucketedDDP(OrderedOverlapBase):
     def _end_round(self) -> None:
         # After the average a flag reads 1 only if every rank had the gradient: set them all
         # back to 1 for the next round, in one multi-tensor copy per step (not one per bucket).
-        torch._foreach_copy_([b.presence for b in self._units], [b.ones for b in self._units])
+        if self._units:  # a module with nothing to train has no buckets
+            torch._foreach_copy_([b.presence for b in self._units], [b.ones for b in self._units])
 
     def _complete_missing(self, bucket: Bucket, presence) -> None:
         anywhere = bucket.presence.tolist()

@@ -10,6 +10,10 @@ Timing
     repetition given in milliseconds); on the CPU a perf_counter loop with the same
     meaning, so the sweep runs anywhere.
 
+Kernels
+    ``kernel_us_per_call(fn, calls)``: device time per call of each CUDA kernel ``fn``
+    launches (torch.profiler, after one untimed call), microseconds by kernel name.
+
 Memory
     ``PeakMemory``: ``torch.cuda.max_memory_allocated`` over a block, after resetting the
     peak; None on the CPU (no allocator statistics there).
@@ -202,3 +206,17 @@ def device_description(device: torch.device | str) -> dict:
         info["cpu"] = platform.processor() or platform.machine()
         info["threads"] = torch.get_num_threads()
     return info
+
+
+def kernel_us_per_call(fn: Callable[[], object], calls: int = 20) -> dict[str, float]:
+    """Microseconds of device time per call, by CUDA kernel (name cut to 80 characters)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key[:80]: round(e.device_time_total / calls, 2) for e in prof.key_averages()
+            if e.device_type.name == "CUDA" and getattr(e, "device_time_total", 0) > 0}

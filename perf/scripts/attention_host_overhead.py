@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from perf.lib.measure import kernel_us_per_call
+
 
 def _inputs(n, batch=8, heads=16, d=64, dtype=torch.bfloat16):
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -50,22 +52,6 @@ def host_us(fn, calls):
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) / calls * 1e6
     return host, wall
-
-
-def kernels(fn, calls=20):
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out = {}
-    for e in prof.key_averages():
-        if e.device_type.name == "CUDA" and getattr(e, "device_time_total", 0) > 0:
-            out[e.key[:80]] = round(e.device_time_total / calls, 2)
-    return out
 
 
 def python_profile(fn, calls, lines) -> str:
@@ -130,7 +116,7 @@ def main():
                    "backward_host_us": statistics.median(host[name]["backward"]),
                    "forward_host_us_rounds": [round(x, 1) for x in host[name]["forward"]],
                    "backward_host_us_rounds": [round(x, 1) for x in host[name]["backward"]],
-                   "forward_kernels_us": kernels(fwd), "backward_kernels_us": kernels(bwd)}
+                   "forward_kernels_us": kernel_us_per_call(fwd), "backward_kernels_us": kernel_us_per_call(bwd)}
             if name == "triton":
                 row["backward_profile"] = python_profile(bwd, a.calls, 25)
                 row["forward_profile"] = python_profile(fwd, a.calls, 15)

@@ -29,6 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from impl.attention import flash_triton as ft
+from perf.lib.measure import kernel_us_per_call
 
 
 def _inputs(b, h, n, d, dtype=torch.bfloat16):
@@ -90,15 +91,8 @@ def _cpu_table(fn, calls, clear, rows=22):
 
 
 def _kernel_us(fn, calls=10):
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    total = sum(e.device_time_total for e in prof.key_averages()
-                if e.device_type.name == "CUDA" and getattr(e, "device_time_total", 0) > 0)
-    return round(total / calls, 2)
+    """Device microseconds per call, all kernels together."""
+    return round(sum(kernel_us_per_call(fn, calls).values()), 2)
 
 
 def host_part(out, shapes, calls, rounds):
