@@ -41,8 +41,9 @@ latency ignored): reduce-scatter and all-gather (W - 1) / W * S_bytes / bandwidt
 all-reduce twice that; the alternate ring (W - 1) * S_bytes / bandwidth, W times the
 bytes of the reduce-scatter for the same result.
 
-``dist.isend`` / ``dist.irecv`` are looked up on ``torch.distributed`` at call time, so a
-probe that wraps them there counts every message.
+Each step is one ``dist.batch_isend_irecv`` of a send and a receive; ``dist.isend`` /
+``dist.irecv`` are looked up on ``torch.distributed`` at call time, so a probe that wraps
+them there counts every message.
 """
 
 from __future__ import annotations
@@ -85,8 +86,12 @@ def _agree(tensor: torch.Tensor, group, what: str) -> None:
 
 
 def _step(send: torch.Tensor, recv: torch.Tensor, nxt: int, prv: int, group) -> None:
-    reqs = [dist.isend(send.contiguous(), nxt, group=group), dist.irecv(recv, prv, group=group)]
-    for req in reqs:
+    # One batch, not a separate isend and irecv: NCCL queues a rank's point-to-point calls
+    # to its ring neighbours in order, so at W = 2 (next == previous) both ranks' sends
+    # would wait for receives queued behind them, and a message too large for NCCL's
+    # buffers hangs.  (Gloo buffers any size, so CPU ranks cannot show this.)
+    ops = [dist.P2POp(dist.isend, send.contiguous(), nxt, group), dist.P2POp(dist.irecv, recv, prv, group)]
+    for req in dist.batch_isend_irecv(ops):
         req.wait()
 
 

@@ -70,7 +70,10 @@ def _rank(rank, world, store, args, results):
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            logits = wrapped(x)
+            # bf16 autocast around every variant, as in the DDP benchmark: impl's FSDP casts
+            # only the sharded matrices, the replicated norm gains stay fp32 and upcast
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+                logits = wrapped(x)
             loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
             loss.backward()
             if hasattr(wrapped, "finish_gradient_synchronization"):

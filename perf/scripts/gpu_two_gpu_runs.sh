@@ -6,11 +6,11 @@
 #   tests            properties + spec cases of every distributed capability, every case pinned to W = 2
 #   ddp ddp_again    data-parallel step, gpt1_5b, 4 x 256 a rank (the configuration), ours and torch DDP
 #                    interleaved per bucket size 1 5 25 100 250 MB; ddp_again is the same, a second run
-#   ddp_big          the same sweep where the GPU work dominates the step: gpt1_5b, 8 x 1024 a rank
+#   ddp_big          the same sweep where the GPU work dominates the step: gpt1_5b, 12 x 1024 a rank
 #   fsdp             ours (full shard, shard-grad-op) vs torch fully_shard, gpt1_5b, 4 x 256, bf16 / fp32 reduce
 #   zero             ZeRO-1 (sharded optimizer) vs torch ZeroRedundancyOptimizer, same model
 #   ring_attention   ring attention vs our one-GPU FlashAttention-2, bf16, d 64 / 128, N 16k..128k
-#   tp pp composed   tensor parallelism (xl), pipeline AFAB vs 1F1B (m 1..16), composed meshes on 2 ranks
+#   tp pp composed   tensor parallelism (large, 2.7B: head counts that 2 divides), pipeline AFAB vs 1F1B (m 1..16), composed meshes on 2 ranks
 #   scaler           gradient scaler with DDP: the cost of the agreed non-finite check
 #   collectives      our ring collectives vs NCCL's, 1 MB .. 1 GB
 # Stage limits in seconds: STAGE_LIMIT_<stage> (defaults below).
@@ -44,13 +44,13 @@ for s in "${STAGES[@]}"; do
              -p no:cacheprovider -q -rs --conformance-report "$W/dist-w2" ;;
     ddp|ddp_again) mkdir -p "$W/$s"; stage $s 150 python3 -m perf.bench.ddp --out "$W/$s" --iters 30 --warmup 5 \
              --time-budget-s 130 --timeout 60 --variants $DDP_VARIANTS ;;
-    ddp_big) mkdir -p "$W/$s"; stage $s 200 python3 -m perf.bench.ddp --out "$W/$s" --batch 8 --seq 1024 --iters 15 --warmup 3 \
-             --time-budget-s 180 --timeout 60 --variants $DDP_VARIANTS ;;
+    ddp_big) mkdir -p "$W/$s"; stage $s 150 python3 -m perf.bench.ddp --out "$W/$s" --batch 12 --seq 1024 --iters 10 --warmup 3 \
+             --time-budget-s 130 --timeout 60 --variants $DDP_VARIANTS ;;
     fsdp) stage fsdp 120 python3 -m perf.bench.fsdp --size gpt1_5b --world-size 2 --batch 4 --seq 256 --steps 15 --warmup 3 ;;
     zero) mkdir -p "$W/zero"; stage zero 120 python3 -m perf.bench.sharded_optimizer --out "$W/zero" --world-size 2 --deadline 100 ;;
     ring_attention) stage ring_attention 150 python3 -m perf.bench.ring_attention --lengths 16384 32768 65536 131072 \
              --reps 5 --out "$W/ring_attention.jsonl" ;;
-    tp) stage tp 100 python3 -m perf.bench.tensor_parallel --sizes xl --world-size 2 --dtype bf16 --out "$W/tp.json" ;;
+    tp) stage tp 100 python3 -m perf.bench.tensor_parallel --sizes large 2.7B --world-size 2 --dtype bf16 --out "$W/tp.json" ;;
     pp) stage pp 80 python3 -m perf.bench.pipeline --out "$W/pp.json" ;;
     composed) stage composed 80 python3 -m perf.bench.composed ;;
     scaler) stage scaler 60 python3 -m perf.bench.grad_scaler ;;

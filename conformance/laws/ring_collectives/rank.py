@@ -25,17 +25,30 @@ def _nbytes(t) -> int:
 
 
 class P2PLog:
+    """Logs every message a rank sends or receives while the block runs.
+
+    The wrappers replace the functions on ``torch.distributed`` and on its
+    ``distributed_c10d`` module alike: ``P2POp`` accepts only the functions that module
+    holds, so an implementation that builds ``P2POp(dist.isend, ...)`` under the probe must
+    find the same wrapper in both.  ``batch_isend_irecv`` logs its ops and calls the ops'
+    functions itself; those inner calls are not logged again."""
+
     def __init__(self):
         self.log = []  # ("send"|"recv", peer, nbytes)
 
     def __enter__(self):
-        self._saved = {n: getattr(dist, n) for n in _NAMES}
-        orig = self._saved
+        import torch.distributed.distributed_c10d as c10d
+
+        self._modules = (dist, c10d)
+        self._saved = [(m, n, getattr(m, n)) for m in self._modules for n in _NAMES if hasattr(m, n)]
+        orig = {n: getattr(dist, n) for n in _NAMES}
+        depth = [0]
 
         def wrap(name, kind):
             def call(tensor, *args, **kwargs):
-                peer = args[0] if args else kwargs.get("dst", kwargs.get("src"))
-                self.log.append((kind, peer, _nbytes(tensor)))
+                if depth[0] == 0:
+                    peer = args[0] if args else kwargs.get("dst", kwargs.get("src"))
+                    self.log.append((kind, peer, _nbytes(tensor)))
                 return orig[name](tensor, *args, **kwargs)
 
             call.__name__ = name
@@ -46,16 +59,22 @@ class P2PLog:
                 fname = getattr(op.op, "__name__", "")
                 kind = "send" if "send" in fname else "recv"
                 self.log.append((kind, op.peer, _nbytes(op.tensor)))
-            return orig["batch_isend_irecv"](ops)
+            depth[0] += 1
+            try:
+                return orig["batch_isend_irecv"](ops)
+            finally:
+                depth[0] -= 1
 
-        for name, kind in (("isend", "send"), ("send", "send"), ("irecv", "recv"), ("recv", "recv")):
-            setattr(dist, name, wrap(name, kind))
-        dist.batch_isend_irecv = batch
+        wrappers = {n: wrap(n, k) for n, k in (("isend", "send"), ("send", "send"), ("irecv", "recv"), ("recv", "recv"))}
+        wrappers["batch_isend_irecv"] = batch
+        for m in self._modules:
+            for n, f in wrappers.items():
+                setattr(m, n, f)
         return self
 
     def __exit__(self, *exc):
-        for n, f in self._saved.items():
-            setattr(dist, n, f)
+        for m, n, f in self._saved:
+            setattr(m, n, f)
 
 
 def run_case(ctx, target_spec: str, case: RingCase, torch_reference: bool = True):
