@@ -197,8 +197,7 @@ class OrderedOverlapBase(DataParallelBase):
             while self._next_launch < len(self._units):
                 self._launch_next()  # gradients missing on this rank count as zero
             presence_round = self._launch_presence_round()
-            for unit in self._units:
-                unit.pending.wait()
+            self._averager.wait_all([unit.pending for unit in self._units])
             presence = presence_round.wait() if presence_round is not None else None
             for unit in self._units:
                 if not all(unit.local_present):
