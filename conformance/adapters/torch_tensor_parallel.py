@@ -113,7 +113,7 @@ class _RegroupedQKVAttention(nn.Module):
         c = attn.proj.in_features
         self.d_head, self.backend = c // attn.n_heads, attn.backend
         self.register_buffer("row_permutation", qkv_row_permutation(c, world_size).to(attn.qkv.weight.device), persistent=False)
-        self.qkv = nn.Linear(c, 3 * c, bias=False, device=attn.qkv.weight.device)
+        self.qkv = nn.Linear(c, 3 * c, bias=False, device=attn.qkv.weight.device, dtype=attn.qkv.weight.dtype)
         with torch.no_grad():
             self.qkv.weight.copy_(attn.qkv.weight[self.row_permutation])
         self.proj = attn.proj

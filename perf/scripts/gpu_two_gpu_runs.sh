@@ -4,8 +4,10 @@
 #   OUT=dir bash perf/scripts/gpu_two_gpu_runs.sh STAGE [STAGE ...]    (everything in $OUT/two-gpu-<stages>.tgz)
 # Stages:
 #   tests            properties + spec cases of every distributed capability, every case pinned to W = 2
+#   tests_ddp        the same for DDP alone (after a change to it)
 #   ddp ddp_again    data-parallel step, gpt1_5b, 4 x 256 a rank (the configuration), ours and torch DDP
-#                    interleaved per bucket size 1 5 25 100 250 MB; ddp_again is the same, a second run
+#                    interleaved per bucket size 1 5 25 100 250 MB; ddp_again is a second run, in the reverse order
+#                    (drift over a run then shows as a difference between the two)
 #   ddp_big          the same sweep where the GPU work dominates the step: gpt1_5b, 12 x 1024 a rank
 #   fsdp             ours (full shard, shard-grad-op) vs torch fully_shard, gpt1_5b, 4 x 256, bf16 / fp32 reduce
 #   zero             ZeRO-1 (sharded optimizer) vs torch ZeroRedundancyOptimizer, same model
@@ -42,8 +44,11 @@ for s in "${STAGES[@]}"; do
   case $s in
     tests) stage tests 240 python3 -m pytest $DIST_TESTS --device cuda --world-size 2 -n 2 --hypothesis-profile ci \
              -p no:cacheprovider -q -rs --conformance-report "$W/dist-w2" ;;
-    ddp|ddp_again) mkdir -p "$W/$s"; stage $s 150 python3 -m perf.bench.ddp --out "$W/$s" --iters 30 --warmup 5 \
-             --time-budget-s 130 --timeout 60 --variants $DDP_VARIANTS ;;
+    tests_ddp) stage tests_ddp 150 python3 -m pytest properties/test_ddp.py conformance/spec/test_ddp.py --device cuda --world-size 2 -n 2 \
+             --hypothesis-profile ci -p no:cacheprovider -q -rs --conformance-report "$W/ddp-w2" ;;
+    ddp|ddp_again) mkdir -p "$W/$s"; V=$DDP_VARIANTS; [ $s = ddp_again ] && V=$(echo $DDP_VARIANTS | tr ' ' '\n' | tac | tr '\n' ' ')
+             stage $s 150 python3 -m perf.bench.ddp --out "$W/$s" --iters 30 --warmup 5 \
+             --time-budget-s 130 --timeout 60 --variants $V ;;
     ddp_big) mkdir -p "$W/$s"; stage $s 150 python3 -m perf.bench.ddp --out "$W/$s" --batch 12 --seq 1024 --iters 10 --warmup 3 \
              --time-budget-s 130 --timeout 60 --variants $DDP_VARIANTS ;;
     fsdp) stage fsdp 120 python3 -m perf.bench.fsdp --size gpt1_5b --world-size 2 --batch 4 --seq 256 --steps 15 --warmup 3 ;;
