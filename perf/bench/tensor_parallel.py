@@ -98,7 +98,9 @@ def _measure(variant, args, device, rank, world):
         def loss_fn():
             return adapter.vocab_parallel_cross_entropy(model(ids), tgt, vocab_size=cfg.vocab_size)
 
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    # foreach=False: torch's TP model mixes DTensor and plain parameters, which the
+    # multi-tensor SGD (the default on CUDA) refuses; every variant steps the same way
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, foreach=False)
 
     def step():
         opt.zero_grad(set_to_none=True)
