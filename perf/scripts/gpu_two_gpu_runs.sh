@@ -12,7 +12,7 @@
 #   fsdp             ours (full shard, shard-grad-op) vs torch fully_shard, gpt1_5b, 4 x 256, bf16 / fp32 reduce
 #   zero             ZeRO-1 (sharded optimizer) vs torch ZeroRedundancyOptimizer, same model
 #   ring_attention   ring attention vs our one-GPU FlashAttention-2, bf16, d 64 / 128, N 16k..128k
-#   tp pp composed   tensor parallelism (large, 2.7B: head counts that 2 divides), pipeline AFAB vs 1F1B (m 1..16), composed meshes on 2 ranks
+#   tp pp composed   tensor parallelism (large: xl has 25 heads, which 2 does not divide; 2.7B did not fit the stage), pipeline AFAB vs 1F1B (m 1..16), composed meshes on 2 ranks
 #   scaler           gradient scaler with DDP: the cost of the agreed non-finite check
 #   collectives      our ring collectives vs NCCL's, 1 MB .. 1 GB
 # Stage limits in seconds: STAGE_LIMIT_<stage> (defaults below).
@@ -55,7 +55,7 @@ for s in "${STAGES[@]}"; do
     zero) mkdir -p "$W/zero"; stage zero 120 python3 -m perf.bench.sharded_optimizer --out "$W/zero" --world-size 2 --deadline 100 ;;
     ring_attention) stage ring_attention 150 python3 -m perf.bench.ring_attention --lengths 16384 32768 65536 131072 \
              --reps 5 --out "$W/ring_attention.jsonl" ;;
-    tp) stage tp 100 python3 -m perf.bench.tensor_parallel --sizes large 2.7B --world-size 2 --dtype bf16 --out "$W/tp.json" ;;
+    tp) stage tp 100 python3 -m perf.bench.tensor_parallel --sizes large --world-size 2 --dtype bf16 --out "$W/tp.json" ;;
     pp) stage pp 80 python3 -m perf.bench.pipeline --out "$W/pp.json" ;;
     composed) stage composed 80 python3 -m perf.bench.composed ;;
     scaler) stage scaler 60 python3 -m perf.bench.grad_scaler ;;
