@@ -25,3 +25,7 @@ def test_subgroups_use_their_own_ring_of_global_ranks(target, device):
 def test_mismatched_shapes_across_ranks_are_a_clear_error_on_every_rank(target, device):
     check_law(LAWS_BY_NAME["mismatched_shapes_across_ranks_are_a_clear_error_on_every_rank"], target.spec, device,
               max_examples=examples(4))
+
+
+def test_point_to_point_calls_cannot_hang_on_nccl(target, device):
+    check_law(LAWS_BY_NAME["point_to_point_calls_cannot_hang_on_nccl"], target.spec, device, max_examples=examples(6))

@@ -15,26 +15,42 @@ import torch.distributed as dist
 
 from conformance.lawbook import Mutant
 from impl.collectives import ring
-from impl.collectives.ring import _agree, _all_gather_chunks, _group_info, _step
+from impl.collectives.ring import _agree, _group_info, _step
 
 CAPABILITY = "ring collectives"
 
 
-def _rs_chunks(chunks, world, rank, nxt, prv, group, send_shift=1, steps=None, whole=None):
+def _unbatched_step(send, recv, nxt, prv, group):
+    """An isend to the next rank, then an irecv from the previous: fine on gloo; on NCCL at
+    W = 2 both ranks' sends wait for receives queued behind them."""
+    reqs = [dist.isend(send.contiguous(), nxt, group=group), dist.irecv(recv, prv, group=group)]
+    for req in reqs:
+        req.wait()
+
+
+def _ag_chunks(chunks, world, rank, nxt, prv, group, step=_step):
+    for t in range(world - 1):
+        into = chunks[(rank - t - 1) % world]
+        buf = torch.empty_like(into)
+        step(chunks[(rank - t) % world], buf, nxt, prv, group)
+        into.copy_(buf)
+
+
+def _rs_chunks(chunks, world, rank, nxt, prv, group, send_shift=1, steps=None, whole=None, step=_step):
     for t in range(world - 1 if steps is None else steps):
         send = chunks[(rank - t - send_shift) % world]
         into = chunks[(rank - t - 2) % world]
         if whole is not None:  # the whole buffer goes out; only the chunk is used
             buf = torch.empty_like(whole)
-            _step(whole, buf, nxt, prv, group)
+            step(whole, buf, nxt, prv, group)
             into.add_(buf.tensor_split(world)[(rank - t - 2) % world])
             continue
         buf = torch.empty_like(into)
-        _step(send, buf, nxt, prv, group)
+        step(send, buf, nxt, prv, group)
         into.add_(buf)
 
 
-def _target(rs=None, alternate=None, peers=None, agree=_agree):
+def _target(rs=None, alternate=None, peers=None, agree=_agree, step=_step):
     def reduce_scatter(tensor, group=None, _all=False):
         world, rank, nxt, prv = (peers or _group_info)(group)
         flat = tensor.detach().reshape(-1).clone()
@@ -45,9 +61,9 @@ def _target(rs=None, alternate=None, peers=None, agree=_agree):
         if rs == "whole":
             _whole(chunks, world, rank, nxt, prv, group, flat)
         else:
-            (rs or _rs_chunks)(chunks, world, rank, nxt, prv, group)
+            (rs or (lambda *a: _rs_chunks(*a, step=step)))(chunks, world, rank, nxt, prv, group)
         if _all:
-            _all_gather_chunks(chunks, world, rank, nxt, prv, group)
+            _ag_chunks(chunks, world, rank, nxt, prv, group, step)
             return flat.reshape(tensor.shape)
         return chunks[rank].clone()
 
@@ -59,11 +75,11 @@ def _target(rs=None, alternate=None, peers=None, agree=_agree):
         out = torch.empty((world * tensor.numel(),), dtype=tensor.dtype, device=tensor.device)
         chunks = out.tensor_split(world)
         chunks[rank].copy_(tensor.detach().reshape(-1))
-        _all_gather_chunks(chunks, world, rank, nxt, prv, group)
+        _ag_chunks(chunks, world, rank, nxt, prv, group, step)
         return out.reshape((world * tensor.shape[0],) + tuple(tensor.shape[1:]))
 
     def alt(tensor, group=None):
-        if alternate is None and peers is None and agree is _agree:
+        if alternate is None and peers is None and agree is _agree and step is _step:
             return ring.ring_all_reduce_alternate(tensor, group)
         world, rank, nxt, prv = (peers or _group_info)(group)
         total = tensor.detach().clone().contiguous()
@@ -73,7 +89,7 @@ def _target(rs=None, alternate=None, peers=None, agree=_agree):
         passing = total.clone()
         for _ in range(world - 1):
             incoming = torch.empty_like(passing)
-            _step(passing, incoming, nxt, prv, group)
+            step(passing, incoming, nxt, prv, group)
             total.add_(incoming)
             passing = total.clone() if alternate == "partial" else incoming
         return total
@@ -116,6 +132,7 @@ alternate_forwards_partial_sums = _target(alternate="partial")
 sends_whole_buffer_each_step = _target(rs="whole")
 group_ranks_used_as_global = _target(peers=_group_ranks_as_global)
 agrees_on_size_not_shape = _target(agree=_numel_only)
+exchanges_unbatched = _target(step=_unbatched_step)
 
 _M = "conformance.mutants.ring_collectives:"
 _VALUES = "results_equal_torch_distributed_collectives"
@@ -138,4 +155,7 @@ MUTANTS = (
     Mutant("agrees_on_size_not_shape", CAPABILITY,
            "ranks compare element counts only: equal-size different shapes go through",
            ("mismatched_shapes_across_ranks_are_a_clear_error_on_every_rank",), _M + "agrees_on_size_not_shape"),
+    Mutant("exchanges_unbatched", CAPABILITY,
+           "each ring step is an unbatched isend then irecv: right on gloo, hangs on NCCL at W = 2",
+           ("point_to_point_calls_cannot_hang_on_nccl",), _M + "exchanges_unbatched"),
 )

@@ -3,7 +3,7 @@
 Contract cases: each collective on W = 1..4 for a size W divides, one it does not, one
 smaller than W (empty chunks), integer and floating dtypes; results against
 torch.distributed's collectives and messages against the ring formulas.  Then the extras:
-a subgroup, and ranks whose shapes differ.
+a subgroup, ranks whose shapes differ, and calls that would hang on NCCL (W = 2: one peer both ways).
 """
 
 import pytest
@@ -42,3 +42,8 @@ def test_subgroup_of_four_ranks(members, target):
 @pytest.mark.parametrize("op", OPS)
 def test_mismatched_shapes_are_a_clear_error_on_every_rank(op, shapes, target):
     checks.check_mismatch(target.spec, RingCase(op, len(shapes), shapes[0], "float32", seed=1, shapes=shapes))
+
+
+@pytest.mark.parametrize("w", [2, 3], ids=["W2-one-peer", "W3-two-peers"])
+def test_point_to_point_calls_cannot_hang_on_nccl(w, target):
+    checks.check_no_nccl_hang(target.spec, RingCase("all", w, (4096,), "float32", seed=2))

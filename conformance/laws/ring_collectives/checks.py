@@ -8,6 +8,7 @@ import torch
 
 from conformance import oracle
 from conformance.harness import run_on_ranks
+from conformance.laws.p2p_hang import first_hang
 from conformance.laws.ring_collectives import reference
 from conformance.laws.ring_collectives.rank import run_case, run_mismatch
 from conformance.laws.ring_collectives.strategies import DTYPES, OPS, RingCase
@@ -74,6 +75,15 @@ def _check_messages(subject: str, case: RingCase) -> None:
         world = results[0]["world"]
         want = reference.total_bytes_sent(case, world, esize)
         assert sent_total == want, f"{case.op} W={world}: {sent_total} B sent over all ranks, the formula says {want} B"
+
+
+def check_no_nccl_hang(subject: str, case: RingCase) -> None:
+    """Played forward under NCCL's rules (``p2p_hang``), every rank's point-to-point calls
+    complete: the same calls as recorded here on the ranks at hand."""
+    for one in _each_op(case):
+        results = _results(subject, one)
+        why = first_hang({r["rank"]: r["units"] for r in results})
+        assert why is None, f"{one.op} W={one.world_size}: {why}"
 
 
 def check_mismatch(subject: str, case: RingCase) -> None:

@@ -12,7 +12,9 @@ Capability "ring collectives".  The contract is the issue's list: results equal
 torch.distributed's collectives (exactly for integer values, within the oracle otherwise),
 W 1..4 on gloo, any dtype, sizes not divisible by W; messages, peers and bytes per rank
 equal the formulas of ``reference`` (with the time model beside them).  Extras: subgroups
-(global ranks of the peers), mismatched shapes across ranks as a clear error on every rank.
+(global ranks of the peers), mismatched shapes across ranks as a clear error on every rank,
+and calls that cannot hang on NCCL (``conformance.laws.p2p_hang``: gloo buffers what NCCL
+makes wait, so CPU ranks alone would pass an exchange that hangs on GPUs).
 
 ``check_law`` runs one law; ``rejection(law_name, target_spec, max_examples)`` is the mutant
 self-test's runner.
@@ -38,6 +40,9 @@ LAWS = (
     Law("subgroups_use_their_own_ring_of_global_ranks", CAPABILITY, API,
         cases=lambda device=None: subgroup_cases(), check=lambda s, c: (checks.check_values(s, c), checks.check_messages(s, c)),
         needs=("3 ranks",), extra="subgroups"),
+    Law("point_to_point_calls_cannot_hang_on_nccl", CAPABILITY, API,
+        cases=lambda device=None: ring_cases(worlds=(2, 3, 4)), check=checks.check_no_nccl_hang, needs=("ranks",),
+        extra="NCCL-safe exchanges"),
     Law("mismatched_shapes_across_ranks_are_a_clear_error_on_every_rank", CAPABILITY, API,
         cases=lambda device=None: mismatch_cases(), check=checks.check_mismatch, needs=("2 ranks",),
         extra="mismatched shapes"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from conformance.laws.p2p_hang import Op
 from conformance.laws.ring_collectives import reference
 from conformance.laws.ring_collectives.strategies import RingCase
 from conformance.target import load_target
@@ -24,9 +25,27 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size()
 
 
+def _group_name(group) -> str:
+    group = dist.group.WORLD if group is None else group
+    return getattr(group, "group_name", None) or str(dist.get_process_group_ranks(group))
+
+
+def _peer(args, kwargs, group, name: str):
+    """The global rank a call sends to or receives from."""
+    key = "dst" if name in ("isend", "send") else "src"
+    if len(args) > 0 and args[0] is not None:
+        return args[0]
+    if kwargs.get(key) is not None:
+        return kwargs[key]
+    group_peer = kwargs.get(f"group_{key}")
+    return dist.get_global_rank(group, group_peer) if group_peer is not None and group is not None else group_peer
+
+
 class P2PLog:
     """Logs every message a rank sends or receives while the block runs.
 
+    ``log``: (kind, peer, bytes) per message.  ``units``: the calls as NCCL would run them
+    (``conformance.laws.p2p_hang``): one unit per unbatched call, one per batch.
     The wrappers replace the functions on ``torch.distributed`` and on its
     ``distributed_c10d`` module alike: ``P2POp`` accepts only the functions that module
     holds, so an implementation that builds ``P2POp(dist.isend, ...)`` under the probe must
@@ -35,6 +54,7 @@ class P2PLog:
 
     def __init__(self):
         self.log = []  # ("send"|"recv", peer, nbytes)
+        self.units = []  # tuples of p2p_hang.Op
 
     def __enter__(self):
         import torch.distributed.distributed_c10d as c10d
@@ -47,18 +67,23 @@ class P2PLog:
         def wrap(name, kind):
             def call(tensor, *args, **kwargs):
                 if depth[0] == 0:
-                    peer = args[0] if args else kwargs.get("dst", kwargs.get("src"))
+                    group = kwargs.get("group", args[1] if len(args) > 1 else None)
+                    peer = _peer(args, kwargs, group, name)
                     self.log.append((kind, peer, _nbytes(tensor)))
+                    self.units.append((Op(kind, peer, _group_name(group), False),))
                 return orig[name](tensor, *args, **kwargs)
 
             call.__name__ = name
             return call
 
         def batch(ops):
+            unit = []
             for op in ops:
                 fname = getattr(op.op, "__name__", "")
                 kind = "send" if "send" in fname else "recv"
                 self.log.append((kind, op.peer, _nbytes(op.tensor)))
+                unit.append(Op(kind, op.peer, _group_name(op.group), True))
+            self.units.append(tuple(unit))
             depth[0] += 1
             try:
                 return orig["batch_isend_irecv"](ops)
@@ -98,7 +123,8 @@ def run_case(ctx, target_spec: str, case: RingCase, torch_reference: bool = True
     ring = [members[(grank + 1) % world], members[(grank - 1) % world]]
     if case.members:
         dist.barrier()
-    return {"out": out, "eager": eager, "log": probe.log, "ring": ring, "group_rank": grank, "world": world}
+    return {"out": out, "eager": eager, "log": probe.log, "units": probe.units, "rank": ctx.rank, "ring": ring,
+            "group_rank": grank, "world": world}
 
 
 def _torch_collective(op: str, x, group, world: int, grank: int):
