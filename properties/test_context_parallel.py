@@ -66,3 +66,8 @@ def test_every_key_value_exchange_overlaps_a_block_computation(target, device):
 def test_ring_matches_full_attention_in_fp16_and_bf16(target, device):
     _law("ring_matches_full_attention_in_fp16_and_bf16", target, device)
 
+
+
+@pytest.mark.distributed
+def test_point_to_point_calls_cannot_hang_on_nccl(target, device):
+    _law("point_to_point_calls_cannot_hang_on_nccl", target, device)

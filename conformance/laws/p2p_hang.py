@@ -27,6 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def group_name(group) -> str:
+    """A process group's name, the same on every rank (None: the default group)."""
+    import torch.distributed as dist
+
+    group = dist.group.WORLD if group is None else group
+    return getattr(group, "group_name", None) or str(dist.get_process_group_ranks(group))
+
+
 @dataclass(frozen=True)
 class Op:
     kind: str  # "send" or "recv"

@@ -10,12 +10,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+import torch.distributed as dist
 
 import impl
 from conformance.lawbook import Mutant
 from impl.context_parallel import layout as _layout
 from impl.context_parallel import merge as _merge
-from impl.context_parallel.ring import RingSchedule, make_ring_attention_function
+from impl.context_parallel.ring import Exchange, RingSchedule, make_ring_attention_function
 
 CAPABILITY = "context parallel"
 
@@ -251,11 +252,24 @@ class _MissingWait(RingSchedule):
             self._unwaited = []
 
 
+class _UnbatchedExchange(RingSchedule):
+    """Each K/V exchange is an isend to the next rank, then an irecv from the previous one:
+    right on gloo; at W = 2 on NCCL both ranks' sends wait for receives queued behind them."""
+
+    def start_exchange(self, tensor):
+        exchange = Exchange.__new__(Exchange)
+        exchange.sent, exchange.received = tensor, torch.empty_like(tensor)
+        exchange.works = [dist.isend(tensor, self.next, group=self.group),
+                          dist.irecv(exchange.received, self.prev, group=self.group)]
+        return exchange
+
+
 diagonal_block_unmasked = _target(get_ring_attention_autograd_function=_ring(_DiagonalUnmasked))
 blocks_above_the_diagonal_computed_then_masked = _target(get_ring_attention_autograd_function=_ring(_ComputesAboveDiagonal))
 one_key_value_exchange_too_many = _target(get_ring_attention_autograd_function=_ring(_ExtraExchange))
 exchange_waited_before_compute = _target(get_ring_attention_autograd_function=_ring(_NoOverlap))
 received_block_read_before_wait = _target(get_ring_attention_autograd_function=_ring(_MissingWait))
+exchanges_unbatched = _target(get_ring_attention_autograd_function=_ring(_UnbatchedExchange))
 
 
 # --- ring: backward -----------------------------------------------------------------------------
@@ -390,4 +404,7 @@ MUTANTS = (
            (PARITY,), _M + "dkdv_left_on_the_wrong_rank"),
     Mutant("backward_reads_the_first_steps_kv_again", CAPABILITY, "the backward uses the rank's own K/V at every step",
            (PARITY,), _M + "backward_reads_the_first_steps_kv_again"),
+    Mutant("exchanges_unbatched", CAPABILITY,
+           "each K/V exchange is an unbatched isend then irecv: right on gloo, hangs on NCCL at W = 2",
+           ("point_to_point_calls_cannot_hang_on_nccl",), _M + "exchanges_unbatched"),
 )

@@ -83,3 +83,9 @@ def test_a_sequence_that_does_not_cut_into_equal_chunks_is_a_value_error(target)
     for layout, n in (("contiguous", 7), ("zigzag", 6)):
         with pytest.raises(ValueError):
             shard(torch.randn(1, n, 4), 2 if layout == "contiguous" else 4, 0, layout)
+
+
+@pytest.mark.distributed
+def test_point_to_point_calls_on_two_ranks_cannot_hang_on_nccl(target, device):
+    require_world_size(2, device)
+    checks.check_no_nccl_hang(target.spec, RingCase(2, "zigzag", True, (1,), 2, 8, torch.float32, 1.0, 40))

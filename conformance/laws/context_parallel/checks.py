@@ -12,6 +12,7 @@ import torch
 from conformance import oracle
 from conformance.harness import run_on_ranks
 from conformance.laws.context_parallel import rank, reference
+from conformance.laws.p2p_hang import first_hang
 from conformance.target import load_target
 from conformance.verdicts import EnvironmentRefusal
 
@@ -292,6 +293,15 @@ def check_overlap(subject, case):
             if not any(e[0] == "flops" for e in log[i:j]):
                 raise AssertionError(f"rank {r}: exchange {ident} of the forward was waited on before any block was "
                                      "computed while it was in flight (no overlap of communication and compute)")
+
+
+def check_no_nccl_hang(subject, case):
+    """Forward and backward, every rank's point-to-point calls, played forward under NCCL's
+    rules (``conformance.laws.p2p_hang``), complete: gloo buffers what NCCL makes wait."""
+    results = _on_ranks(rank.rank_ring, case, subject, case, "observe")
+    why = first_hang({r: res["units"] for r, res in enumerate(results)})
+    if why is not None:
+        raise AssertionError(f"W={case.world_size}, {case.layout}: {why}")
 
 
 def check_bad_input(subject, case):

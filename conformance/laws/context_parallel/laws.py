@@ -65,6 +65,9 @@ LAWS = (
     Law("ring_matches_full_attention_in_fp16_and_bf16", CAPABILITY, API,
         cases=lambda device=None: ring_cases(device or "cpu", dtypes=(torch.float16, torch.bfloat16)),
         check=checks.check_ring_parity, needs=("ranks",), extra="fp16 / bf16"),
+    Law("point_to_point_calls_cannot_hang_on_nccl", CAPABILITY, API,
+        cases=lambda device=None: ring_cases(device or "cpu", min_world=2), check=checks.check_no_nccl_hang,
+        needs=("2 ranks",), extra="NCCL-safe exchanges"),
 )
 LAWS_BY_NAME = by_name(LAWS)
 

@@ -28,6 +28,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conformance.laws.context_parallel import reference
+from conformance.laws.p2p_hang import Op, group_name
 from conformance.target import load_target
 
 P2P_NAMES = ("isend", "irecv", "send", "recv")
@@ -138,6 +139,7 @@ class Probe:
         self.phase = ""
         self.ids = itertools.count()
         self.pending: list[_Batch] = []
+        self.units = []  # the calls as NCCL runs them (conformance.laws.p2p_hang): one per call or batch
         self._saved = []
         self._mode = None
 
@@ -145,6 +147,11 @@ class Probe:
 
     def _p2p(self, kind, tensor, peer):
         self.log.append(("p2p", self.phase, kind, int(peer), _nbytes(tensor)))
+
+    def _unit(self, ops) -> None:
+        """ops: (kind, peer, group) of one unbatched call (one op) or one batch."""
+        batched = len(ops) > 1 or self._batching
+        self.units.append(tuple(Op(kind, int(peer), group_name(group), batched) for kind, peer, group in ops))
 
     def __enter__(self):
         originals = {name: getattr(c10d, name) for name in P2P_NAMES + ("batch_isend_irecv", "_check_op")}
@@ -163,6 +170,9 @@ class Probe:
                     return value
             return -1
 
+        def group_of(kwargs, args):  # args after the tensor: (peer, group, tag)
+            return kwargs.get("group", args[1] if len(args) > 1 else None)
+
         def make_async(name, kind, key):
             orig = originals[name]
 
@@ -170,7 +180,9 @@ class Probe:
                 if probe._inside_batch:  # called by batch_isend_irecv, which logged it
                     return orig(tensor, *args, **kwargs)
                 batch = _Batch(probe, [(kind, tensor)], lambda: [orig(tensor, *args, **kwargs)])
-                probe._p2p(kind, tensor, peer_of(kwargs, (tensor, *args), key))
+                peer = peer_of(kwargs, (tensor, *args), key)
+                probe._p2p(kind, tensor, peer)
+                probe._unit([(kind, peer, group_of(kwargs, args))])
                 return _Request(batch)
 
             wrapped.__name__ = name
@@ -180,7 +192,9 @@ class Probe:
             orig = originals[name]
 
             def wrapped(tensor, *args, **kwargs):
-                probe._p2p(kind, tensor, peer_of(kwargs, (tensor, *args), key))
+                peer = peer_of(kwargs, (tensor, *args), key)
+                probe._p2p(kind, tensor, peer)
+                probe._unit([(kind, peer, group_of(kwargs, args))])
                 return orig(tensor, *args, **kwargs)
 
             wrapped.__name__ = name
@@ -194,6 +208,7 @@ class Probe:
         }
         self._wrapped = wrapped
         self._inside_batch = False
+        self._batching = False
         unwrap = {wrapped["isend"]: originals["isend"], wrapped["irecv"]: originals["irecv"]}
         rewrap = {originals["isend"]: wrapped["isend"], originals["irecv"]: wrapped["irecv"]}
 
@@ -218,6 +233,11 @@ class Probe:
             batch = _Batch(probe, kinds, start)
             for kind, op in zip(kinds, p2p_op_list):  # logged in program order (delayed: the calls come later)
                 probe._p2p(kind[0], op.tensor, op.peer)
+            probe._batching = True
+            try:
+                probe._unit([(kind[0], op.peer, op.group) for kind, op in zip(kinds, p2p_op_list)])
+            finally:
+                probe._batching = False
             return [_Request(batch) for _ in p2p_op_list]
 
         def make_collective(name):
@@ -320,6 +340,7 @@ def rank_ring(ctx, target_spec: str, case, probe: str = "none", backward: bool =
             watcher.__exit__(None, None, None)
     if watcher is not None:
         out["log"] = watcher.log
+        out["units"] = watcher.units
     return out
 
 

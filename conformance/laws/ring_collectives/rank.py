@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from conformance.laws.p2p_hang import Op
+from conformance.laws.p2p_hang import Op, group_name
 from conformance.laws.ring_collectives import reference
 from conformance.laws.ring_collectives.strategies import RingCase
 from conformance.target import load_target
@@ -23,11 +23,6 @@ _NAMES = ("isend", "irecv", "send", "recv", "batch_isend_irecv")
 
 def _nbytes(t) -> int:
     return t.numel() * t.element_size()
-
-
-def _group_name(group) -> str:
-    group = dist.group.WORLD if group is None else group
-    return getattr(group, "group_name", None) or str(dist.get_process_group_ranks(group))
 
 
 def _peer(args, kwargs, group, name: str):
@@ -70,7 +65,7 @@ class P2PLog:
                     group = kwargs.get("group", args[1] if len(args) > 1 else None)
                     peer = _peer(args, kwargs, group, name)
                     self.log.append((kind, peer, _nbytes(tensor)))
-                    self.units.append((Op(kind, peer, _group_name(group), False),))
+                    self.units.append((Op(kind, peer, group_name(group), False),))
                 return orig[name](tensor, *args, **kwargs)
 
             call.__name__ = name
@@ -82,7 +77,7 @@ class P2PLog:
                 fname = getattr(op.op, "__name__", "")
                 kind = "send" if "send" in fname else "recv"
                 self.log.append((kind, op.peer, _nbytes(op.tensor)))
-                unit.append(Op(kind, op.peer, _group_name(op.group), True))
+                unit.append(Op(kind, op.peer, group_name(op.group), True))
             self.units.append(tuple(unit))
             depth[0] += 1
             try:
