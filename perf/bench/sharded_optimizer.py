@@ -215,17 +215,19 @@ def run(args) -> dict:
     info = describe(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # Each variant gets fresh rank processes: memory one variant leaves behind (a model kept
-    # alive by a hook, an allocator cache) can never inflate the next one's peak.
+    # On the GPU each variant gets fresh rank processes: memory one variant leaves behind (a
+    # model kept alive by a hook, an allocator cache) can never inflate the next one's peak.
+    # The CPU smoke mode measures no peak, so its ranks run every variant in one start-up.
+    groups = [list(args.variants)] if args.device == "cpu" else [[v] for v in args.variants]
     deadline = time.monotonic() + args.deadline
-    for variant in args.variants:
-        one = argparse.Namespace(**{**vars(args), "variants": [variant]})
+    for group in groups:
+        one = argparse.Namespace(**{**vars(args), "variants": group})
         got = []
         with tempfile.TemporaryDirectory() as tmp:
             procs = [ctx.Process(target=rank_main, args=(r, args.world_size, os.path.join(tmp, "store"), one, queue)) for r in range(args.world_size)]
             for p in procs:
                 p.start()
-            while len(got) < args.world_size and time.monotonic() < deadline:
+            while len(got) < args.world_size * len(group) and time.monotonic() < deadline:
                 try:
                     got.append(queue.get(timeout=5))
                 except Exception:  # queue.Empty
@@ -234,7 +236,7 @@ def run(args) -> dict:
             results.extend(got)
             write_results(out, info, results)
             for p in procs:
-                p.join(timeout=60 if len(got) == args.world_size else 1)
+                p.join(timeout=60 if len(got) == args.world_size * len(group) else 1)
                 if p.is_alive():
                     p.kill()
         if time.monotonic() >= deadline:
