@@ -267,17 +267,20 @@ def _flash_fwd_kernel(
 
 
 @triton.jit
-def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
+def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base, dq_base,
                       stride_qn, stride_qd, stride_don, stride_dod,
                       offs_n, offs_d, lo, hi, N_Q, sm_scale,
                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                       MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, KEYS_EVEN: tl.constexpr, USE_TMA: tl.constexpr,
+                      ATOMIC_DQ: tl.constexpr,
                       DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr):
     """Accumulate dK_j, dV_j over query tiles [lo, hi), in transposed form (keys are rows).
 
     Rows past N_Q read L = +inf, so their P is exactly 0.  Unless every key tile is full
     (KEYS_EVEN), keys past N_K start from key_bias = -inf, so their P is 0 too; with full
     tiles the accumulator starts at 0 and holds no (BLOCK_N, BLOCK_M) bias in registers.
+    ATOMIC_DQ: also add this key tile's share of dQ_i, dS_ij K_j (unscaled), into the float32
+    rows at dq_base (HEAD_DIM wide, contiguous) with atomic adds.
     """
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -303,12 +306,24 @@ def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
         dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], BLOCK_M], tl.float32), DOT_PRECISION, DOT_IN_FP32)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = _dot(ds_t.to(q.dtype), q, dk, DOT_PRECISION, DOT_IN_FP32)  # dK_j += dS^T Q_i (scale applied at the end)
+        if ATOMIC_DQ:
+            # dQ_i += dS_ij K_j: this program's share, summed over key tiles by atomics
+            dq = _dot(tl.trans(ds_t.to(k.dtype)), k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
+                      DOT_PRECISION, DOT_IN_FP32)
+            ptrs = dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+            _add_rows(ptrs, dq, (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
     return dk, dv
+
+
+@triton.jit
+def _add_rows(ptrs, values, mask):
+    """ptrs[mask] += values, atomically: programs of other key tiles add to the same rows."""
+    tl.atomic_add(ptrs, values, mask=mask, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["H", "N_Q", "N_K", "n_n_tiles"])
 def _flash_bwd_dkdv_kernel(
-    Q, K, V, DO, L, Delta, DK, DV,
+    Q, K, V, DO, L, Delta, DK, DV, DQACC,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -318,14 +333,18 @@ def _flash_bwd_dkdv_kernel(
     H, N_Q, N_K, n_n_tiles, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, KEYS_EVEN: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
-    """One program per (key tile, batch-head): dK_j and dV_j for BLOCK_N keys."""
+    """One program per (key tile, batch-head): dK_j and dV_j for BLOCK_N keys; with ATOMIC_DQ
+    also every query row's dQ share from these keys, added into DQACC ((B H, N_Q, HEAD_DIM)
+    float32, zeroed before)."""
     pid_n, b, h = _tile_coords(tl.program_id(0), n_n_tiles, H, LONGEST_FIRST, False)
     q_src = _tile_source(Q + b * stride_qb + h * stride_qh, N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
     do_src = _tile_source(DO + b * stride_dob + h * stride_doh, N_Q, stride_don, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
     l_base = L + (b * H + h) * N_Q
     delta_base = Delta + (b * H + h) * N_Q
+    dq_base = DQACC + (b * H + h) * N_Q * HEAD_DIM  # unused without ATOMIC_DQ
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -347,26 +366,26 @@ def _flash_bwd_dkdv_kernel(
         lo = (start_n // BLOCK_M) * BLOCK_M
         # First query tile whose every row sees every key of this tile (row >= start_n + BLOCK_N - 1).
         diag_hi = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base, dq_base,
                                    stride_qn, stride_qd, stride_don, stride_dod,
                                    offs_n, offs_d, lo, tl.minimum(diag_hi, N_Q), N_Q, sm_scale,
-                                   HEAD_DIM, BLOCK_M, BLOCK_D, True, True, KEYS_EVEN, USE_TMA,
+                                   HEAD_DIM, BLOCK_M, BLOCK_D, True, True, KEYS_EVEN, USE_TMA, ATOMIC_DQ,
                                    DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
         tail_lo = tl.maximum(diag_hi, full_hi)
     else:
         diag_hi = 0
         tail_lo = full_hi
     # Full tiles below the diagonal: no masking work.
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base, dq_base,
                                stride_qn, stride_qd, stride_don, stride_dod,
                                offs_n, offs_d, diag_hi, full_hi, N_Q, sm_scale,
-                               HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, KEYS_EVEN, USE_TMA,
+                               HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, KEYS_EVEN, USE_TMA, ATOMIC_DQ,
                                DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
     # The partial last query tile, if it was not a diagonal tile.
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base, dq_base,
                                stride_qn, stride_qd, stride_don, stride_dod,
                                offs_n, offs_d, tail_lo, N_Q, N_Q, sm_scale,
-                               HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, KEYS_EVEN, USE_TMA,
+                               HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, KEYS_EVEN, USE_TMA, ATOMIC_DQ,
                                DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
 
     dk = dk * sm_scale  # dK = scale * dS^T Q
@@ -450,6 +469,47 @@ def _flash_bwd_dq_kernel(
     _store_tile(DQ + b * stride_dqb + h * stride_dqh, dq, offs_m, stride_dqn, N_Q, offs_d, stride_dqd, HEAD_DIM)
 
 
+@triton.jit(do_not_specialize=["H", "N_Q", "n_m_tiles"])
+def _flash_bwd_preprocess_kernel(
+    O, DO, Delta, DQACC,
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    H, N_Q, n_m_tiles,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One-pass backward, before it: D_i = rowsum(dO_i * O_i), and the dQ accumulator's
+    rows zeroed.  One program per (query tile, batch-head)."""
+    pid = tl.program_id(0)
+    pid_m, bh = pid % n_m_tiles, (pid // n_m_tiles).to(tl.int64)
+    b, h = bh // H, bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = _load_tile(O + b * stride_ob + h * stride_oh, offs_m, stride_on, N_Q, offs_d, stride_od, HEAD_DIM, BLOCK_D, True)
+    do = _load_tile(DO + b * stride_dob + h * stride_doh, offs_m, stride_don, N_Q, offs_d, stride_dod,
+                    HEAD_DIM, BLOCK_D, True)
+    tl.store(Delta + bh * N_Q + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < N_Q)
+    _store_tile(DQACC + bh * N_Q * HEAD_DIM, tl.zeros([BLOCK_M, BLOCK_D], tl.float32), offs_m, HEAD_DIM, N_Q,
+                offs_d, 1, HEAD_DIM)
+
+
+@triton.jit(do_not_specialize=["H", "N_Q", "n_m_tiles"])
+def _flash_bwd_dq_convert_kernel(
+    DQACC, DQ,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    H, N_Q, n_m_tiles, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One-pass backward, after it: dQ = scale * (sum of the atomically added dS K), in q's dtype."""
+    pid = tl.program_id(0)
+    pid_m, bh = pid % n_m_tiles, (pid // n_m_tiles).to(tl.int64)
+    b, h = bh // H, bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    acc = _load_tile(DQACC + bh * N_Q * HEAD_DIM, offs_m, HEAD_DIM, N_Q, offs_d, 1, HEAD_DIM, BLOCK_D, True)
+    _store_tile(DQ + b * stride_dqb + h * stride_dqh, acc * sm_scale, offs_m, stride_dqn, N_Q, offs_d, stride_dqd,
+                HEAD_DIM)
+
+
 # ---------------------------------------------------------------------------------------
 # Tile configurations
 # ---------------------------------------------------------------------------------------
@@ -479,6 +539,10 @@ class BackwardConfig:
     dq_num_stages: int | None = None  # None: num_stages
     longest_first: bool = False  # causal: longest programs first, batch-heads innermost
     tma: bool = False  # looped-over tiles (Q, dO for dK/dV; K, V for dQ) through tensor descriptors
+    # One pass: the dK/dV kernel also adds each key tile's dS K into a float32 dQ with atomics
+    # (5 matmuls a tile pair instead of 7; the dq_* fields then go unused).  The order of the
+    # adds varies between runs on a GPU: ignored while torch.use_deterministic_algorithms is on.
+    dq_atomic: bool = False
 
 
 # The interpreter runs one program at a time and pays per tile operation, not per element:
@@ -765,14 +829,27 @@ class _BackwardPlan:
         dq_stages = cfg.num_stages if cfg.dq_num_stages is None else cfg.dq_num_stages
         dev = q.device
 
+        # Atomic adds land in a varying order on a GPU: never while deterministic algorithms are on.
+        self.atomic_dq = bool(cfg.dq_atomic) and not torch.are_deterministic_algorithms_enabled()
         n_n_tiles = triton.cdiv(n_k, cfg.dkdv_block_n)
         tma = bool(cfg.tma and _tma_ready(q4, do4))
         dkdv = Launch(_flash_bwd_dkdv_kernel, (n_n_tiles * batch * heads,),
                       (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk_s, *dv_s,
                        heads, n_q, n_k, n_n_tiles, scale),
                       dict(common, BLOCK_M=cfg.dkdv_block_m, BLOCK_N=cfg.dkdv_block_n, **masks,
-                           KEYS_EVEN=n_k % cfg.dkdv_block_n == 0, USE_TMA=tma, **dots),
+                           KEYS_EVEN=n_k % cfg.dkdv_block_n == 0, USE_TMA=tma, ATOMIC_DQ=self.atomic_dq, **dots),
                       _options(dev, cfg.num_warps, cfg.num_stages), dev, tma)
+        if self.atomic_dq:
+            # D and a zeroed float32 dQ first; the one-pass dK/dV kernel adds into it; then dQ.
+            n_p_tiles = triton.cdiv(n_q, cfg.preprocess_block_m)
+            rows = dict(common, BLOCK_M=cfg.preprocess_block_m)
+            pre = Launch(_flash_bwd_preprocess_kernel, (n_p_tiles * batch * heads,),
+                         (*o4.stride(), *do4.stride(), heads, n_q, n_p_tiles), rows, _options(dev, 4, 1), dev, False)
+            convert = Launch(_flash_bwd_dq_convert_kernel, (n_p_tiles * batch * heads,),
+                             (*dq_s, heads, n_q, n_p_tiles, scale), rows, _options(dev, 4, 1), dev, False)
+            self.dq_acc_shape = (batch * heads, n_q, d)
+            self.launches = (pre, dkdv, convert)
+            return
 
         n_m_tiles = triton.cdiv(n_q, cfg.dq_block_m)
         tma = bool(cfg.tma and _tma_ready(k4, v4))
@@ -794,9 +871,16 @@ class _BackwardPlan:
             lse = lse.contiguous()
         if self.to_4d:
             q, k, v, o, grad_o = (_as_4d(t) for t in (q, k, v, o, grad_o))
+        if self.atomic_dq:
+            pre, dkdv, convert = self.launches
+            dq_acc = torch.empty(self.dq_acc_shape, dtype=torch.float32, device=self.device)
+            pre(o, grad_o, delta, dq_acc)
+            dkdv(q, k, v, grad_o, lse, delta, dk, dv, dq_acc)
+            convert(dq_acc, dq)
+            return dq, dk, dv
         dq_launch, dkdv = self.launches
         dq_launch(q, k, v, o, grad_o, lse, delta, dq)
-        dkdv(q, k, v, grad_o, lse, delta, dk, dv)
+        dkdv(q, k, v, grad_o, lse, delta, dk, dv, delta)  # delta stands in for the unused dQ accumulator
         return dq, dk, dv
 
 
@@ -833,13 +917,15 @@ def _backward(q, k, v, o, lse, grad_o, is_causal: bool, scale: float, config: Ba
     if config is not None:  # a config override gets plans of its own
         config = _coerce_config(config, BackwardConfig,
                                 default_backward_config(q.dtype, q.shape[-1], q.device, is_causal))
-        key = ("bwd", bool(is_causal), float(scale), config, _signature(q, k, v, o, lse, grad_o))
+        key = ("bwd", bool(is_causal), float(scale), config, _signature(q, k, v, o, lse, grad_o),
+               torch.are_deterministic_algorithms_enabled())
         plan = _cached_plan(key, lambda: _BackwardPlan(q, k, v, o, lse, grad_o, bool(is_causal), float(scale), config))
         return plan(q, k, v, o, lse, grad_o)
+    deterministic = torch.are_deterministic_algorithms_enabled()  # decides dq_atomic (see the plan)
     if forward_key is not None:
-        key = ("bwd", forward_key, _signature(grad_o))
+        key = ("bwd", forward_key, _signature(grad_o), deterministic)
     else:
-        key = ("bwd", bool(is_causal), float(scale), _signature(q, k, v, o, lse, grad_o))
+        key = ("bwd", bool(is_causal), float(scale), _signature(q, k, v, o, lse, grad_o), deterministic)
     plan = _cached_plan(key, lambda: _BackwardPlan(q, k, v, o, lse, grad_o, bool(is_causal), float(scale)))
     return plan(q, k, v, o, lse, grad_o)
 
