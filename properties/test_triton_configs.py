@@ -3,18 +3,20 @@
 The GPU defaults of ``impl.attention.flash_triton`` are picked by speed (perf/tune/tune_attention.py), so
 any config the table may hold must be as right as the others: tile shapes, the dQ kernel's
 own warps and stages, the longest-first program order under causal masking, and tiles
-loaded through tensor descriptors (TMA).  Drawn: an attention case (any layout, ragged
+loaded through tensor descriptors (TMA), and the one-pass backward that adds dQ with atomics.  Drawn: an attention case (any layout, ragged
 lengths) and a forward and a backward config; checked: O, L, dQ, dK, dV against float64
 through the oracle, with outputs poisoned so an unwritten tile fails.
 
 The mutants below (a longest-first order off by one tile; descriptors that assume
-contiguous rows) must fail the same check on a case that exercises them.  They patch the
+contiguous rows; one-pass dQ shares stored over each other instead of added) must fail the same check on a case that exercises them.  They patch the
 kernels' helpers, which only the interpreter looks up at run time: CPU only.
 """
 
 from __future__ import annotations
 
 import types
+import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -49,13 +51,15 @@ def backward_configs(draw) -> ft.BackwardConfig:
         num_warps=draw(st.sampled_from((4, 8))), num_stages=draw(st.sampled_from((1, 2, 3))),
         preprocess_block_m=draw(st.sampled_from(BLOCKS)),
         dq_num_warps=draw(st.sampled_from((None, 4, 8))), dq_num_stages=draw(st.sampled_from((None, 1, 2))),
-        longest_first=draw(st.booleans()), tma=draw(st.booleans()))
+        longest_first=draw(st.booleans()), tma=draw(st.booleans()), dq_atomic=draw(st.booleans()))
 
 
 def check_config(case: AttentionCase, fwd: ft.ForwardConfig, bwd: ft.BackwardConfig, device) -> None:
     """O, L, dQ, dK, dV of flash_forward/flash_backward under these configs match float64."""
     (q, k, v, do), _ = case.make(device, requires_grad=False)
-    with oracle.poisoned_allocations(device):
+    # Poisoning turns deterministic algorithms on (warn_only): a one-pass config then warns.
+    with oracle.poisoned_allocations(device), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "attention backward: config dq_atomic=True")
         o, lse = ft.flash_forward(q, k, v, case.is_causal, case.scale, config=fwd)
         dq, dk, dv = ft.flash_backward(q, k, v, o, lse, do, case.is_causal, case.scale, config=bwd)
     refs = references(case, device, with_grads=True)
@@ -160,6 +164,12 @@ def _tile_source_contiguous_rows(base, n_rows, stride_rows, BLOCK_ROWS: tl.const
     return src
 
 
+@triton.jit
+def _add_rows_by_storing(ptrs, values, mask):
+    """The one-pass backward's dQ shares stored, not added: the last key tile's share wins."""
+    tl.store(ptrs, values, mask=mask)
+
+
 MUTANTS = {
     # name: (helper replaced, replacement, a case and configs that exercise it)
     "longest_first_off_by_one": (
@@ -170,6 +180,10 @@ MUTANTS = {
         "_tile_source", _tile_source_contiguous_rows,
         AttentionCase((1, 2), 40, 40, 16, torch.float32, False, None, 1.0, "transposed", 8),
         ft.ForwardConfig(16, 16, tma=True), ft.BackwardConfig(16, 16, 16, 16, tma=True)),
+    "dq_shares_stored_not_added": (
+        "_add_rows", _add_rows_by_storing,
+        AttentionCase((1, 1), 40, 40, 16, torch.float32, True, None, 1.0, "contiguous", 9),
+        ft.ForwardConfig(16, 16), ft.BackwardConfig(16, 16, 16, 16, dq_atomic=True)),
 }
 
 
@@ -182,6 +196,72 @@ def test_config_mutant_is_rejected(name, device, monkeypatch):
     monkeypatch.setattr(ft, helper, replacement)
     with pytest.raises(AssertionError):
         check_config(case, fwd, bwd, device)
+
+
+# ---------------------------------------------------------------------------------------
+# Deterministic algorithms: the one-pass backward (atomic dQ) steps aside
+# ---------------------------------------------------------------------------------------
+
+ONE_PASS = ft.BackwardConfig(32, 32, 32, 32, dq_atomic=True)
+
+
+def check_one_pass_respects_deterministic_algorithms(device) -> None:
+    """Under torch.use_deterministic_algorithms(True) the default table's one-pass backward
+    gives way to the two kernels; a caller's config asking for it is refused, or warned about
+    under warn_only; with the setting off it runs."""
+    case = AttentionCase((1, 2), 70, 70, 16, torch.float32, True, None, 1.0, "contiguous", 11)
+    (q, k, v, do), _ = case.make(device, requires_grad=False)
+    o, lse = ft.flash_forward(q, k, v, True)
+    was = ft._determinism()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert not ft._one_pass(ONE_PASS, requested=False), \
+            "the table's one-pass (atomic dQ) backward kept while deterministic algorithms are on"
+        with pytest.raises(RuntimeError, match="dq_atomic=True adds dQ with atomics"):
+            ft.flash_backward(q, k, v, o, lse, do, True, config=ONE_PASS)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="dq_atomic=True adds dQ with atomics"):
+            ft.flash_backward(q, k, v, o, lse, do, True, config=replace(ONE_PASS, dkdv_block_n=16))
+        torch.use_deterministic_algorithms(False)
+        assert ft._one_pass(ONE_PASS, requested=False) and ft._one_pass(ONE_PASS, requested=True)
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+
+
+def test_one_pass_backward_gives_way_under_deterministic_algorithms(device):
+    check_one_pass_respects_deterministic_algorithms(device)
+
+
+def test_one_pass_backward_ignoring_deterministic_algorithms_is_rejected(device, monkeypatch):
+    monkeypatch.setattr(ft, "_one_pass", lambda cfg, requested: bool(cfg.dq_atomic))  # ignores the setting
+    monkeypatch.setattr(ft, "_PLANS", {})  # the mutant's plans leave with it
+    with pytest.raises((AssertionError, pytest.fail.Exception)):
+        check_one_pass_respects_deterministic_algorithms(device)
+
+
+def test_the_default_one_pass_backward_is_reproducible_under_deterministic_algorithms(device):
+    """On a GPU, at a shape whose table entry is the one pass, two backwards under
+    deterministic algorithms give the same bits (they run the two kernels)."""
+    if device.type != "cuda":
+        pytest.skip("the interpreter runs one program at a time: every order is the same there")
+    shape = next(((bh, n) for bh in (1, 16) for n in (4096, 16384)
+                  if ft.default_backward_config(torch.bfloat16, 64, device, True, bh, n).dq_atomic), None)
+    if shape is None:
+        pytest.skip("no table entry on this GPU picks the one-pass backward")
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v, do = (torch.randn(1, shape[0], shape[1], 64, device=device, dtype=torch.bfloat16, generator=g)
+                   for _ in range(4))
+    o, lse = ft.flash_forward(q, k, v, True)
+    was = ft._determinism()
+    try:
+        torch.use_deterministic_algorithms(True)
+        first = ft.flash_backward(q, k, v, o, lse, do, True)
+        for _ in range(3):
+            again = ft.flash_backward(q, k, v, o, lse, do, True)
+            for name, a, b in zip(("dQ", "dK", "dV"), first, again):
+                assert torch.equal(a, b), f"{name} differs between calls under deterministic algorithms"
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
 
 # ---------------------------------------------------------------------------------------

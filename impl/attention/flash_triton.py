@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -541,7 +542,7 @@ class BackwardConfig:
     tma: bool = False  # looped-over tiles (Q, dO for dK/dV; K, V for dQ) through tensor descriptors
     # One pass: the dK/dV kernel also adds each key tile's dS K into a float32 dQ with atomics
     # (5 matmuls a tile pair instead of 7; the dq_* fields then go unused).  The order of the
-    # adds varies between runs on a GPU: ignored while torch.use_deterministic_algorithms is on.
+    # adds varies between runs on a GPU: see _one_pass for torch.use_deterministic_algorithms.
     dq_atomic: bool = False
 
 
@@ -829,8 +830,7 @@ class _BackwardPlan:
         dq_stages = cfg.num_stages if cfg.dq_num_stages is None else cfg.dq_num_stages
         dev = q.device
 
-        # Atomic adds land in a varying order on a GPU: never while deterministic algorithms are on.
-        self.atomic_dq = bool(cfg.dq_atomic) and not torch.are_deterministic_algorithms_enabled()
+        self.atomic_dq = _one_pass(cfg, requested=config is not None)
         n_n_tiles = triton.cdiv(n_k, cfg.dkdv_block_n)
         tma = bool(cfg.tma and _tma_ready(q4, do4))
         dkdv = Launch(_flash_bwd_dkdv_kernel, (n_n_tiles * batch * heads,),
@@ -884,6 +884,29 @@ class _BackwardPlan:
         return dq, dk, dv
 
 
+def _determinism() -> tuple:
+    """torch's deterministic-algorithms setting, which decides the backward's plan (_one_pass)."""
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+def _one_pass(cfg: BackwardConfig, requested: bool) -> bool:
+    """Whether to run the one-pass backward, whose atomic dQ adds land in a varying order on a
+    GPU.  As torch does for its own kernels under ``torch.use_deterministic_algorithms``:
+    the default table's one pass quietly gives way to the two deterministic kernels; a
+    config the caller passed (``requested``) that asks for it is an error, or under
+    ``warn_only`` a warning and the one pass."""
+    if not cfg.dq_atomic or not torch.are_deterministic_algorithms_enabled():
+        return bool(cfg.dq_atomic)
+    if not requested:
+        return False
+    message = ("attention backward: config dq_atomic=True adds dQ with atomics, which is not deterministic; "
+               "pass dq_atomic=False under torch.use_deterministic_algorithms(True)")
+    if not torch.is_deterministic_algorithms_warn_only_enabled():
+        raise RuntimeError(message)
+    warnings.warn(message, UserWarning, stacklevel=5)
+    return True
+
+
 def _options(device: torch.device, num_warps: int, num_stages: int, fp_fusion: bool = False):
     """Triton launch options; none under the interpreter, which takes none.
 
@@ -917,11 +940,10 @@ def _backward(q, k, v, o, lse, grad_o, is_causal: bool, scale: float, config: Ba
     if config is not None:  # a config override gets plans of its own
         config = _coerce_config(config, BackwardConfig,
                                 default_backward_config(q.dtype, q.shape[-1], q.device, is_causal))
-        key = ("bwd", bool(is_causal), float(scale), config, _signature(q, k, v, o, lse, grad_o),
-               torch.are_deterministic_algorithms_enabled())
+        key = ("bwd", bool(is_causal), float(scale), config, _signature(q, k, v, o, lse, grad_o), _determinism())
         plan = _cached_plan(key, lambda: _BackwardPlan(q, k, v, o, lse, grad_o, bool(is_causal), float(scale), config))
         return plan(q, k, v, o, lse, grad_o)
-    deterministic = torch.are_deterministic_algorithms_enabled()  # decides dq_atomic (see the plan)
+    deterministic = _determinism()
     if forward_key is not None:
         key = ("bwd", forward_key, _signature(grad_o), deterministic)
     else:

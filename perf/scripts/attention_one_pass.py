@@ -1,7 +1,10 @@
 """The one-pass backward (BackwardConfig.dq_atomic: dK/dV kernel adds dS K into a float32 dQ
 with atomics, 5 matmul units a tile pair) against the two-kernel default (7) and SDPA.
 
-    PYTHONPATH=. python perf/scripts/attention_one_pass.py [--out DIR] [--rounds 3] [--workers 12]
+    PYTHONPATH=. python perf/scripts/attention_one_pass.py [--phase anchors|waves] [--out DIR] [--rounds 3]
+
+--phase anchors: the tracked shapes (leaderboard, d128 anchor, B8 H16 N1024, B1 H1 long
+sequences), d 64 and 128; --phase waves: d64 causal at 1, 2 and 4 heads, N 1024 to 65536.
 
 1. Correctness of each one-pass candidate on the GPU, as perf/tune/tune_attention.py checks
    its candidates (O, L, dQ, dK, dV against float64 through the oracle, bf16 and fp16, causal
@@ -56,13 +59,20 @@ CANDIDATES = {
           "1p 128x32 w8 s2": _one_pass(128, 32, 8, 2), "1p 128x64 w8 s2": _one_pass(128, 64, 8, 2),
           "1p 64x64 w8 s2": _one_pass(64, 64, 8, 2)},
 }
+# --phase waves: where does the one pass win?  d64 causal (the only kind it won in the first
+# run), batch 1, heads x sequence from a fraction of one wave of SMs to several.
+WAVE_CANDIDATES = {"1p 64x32 w4 s3": _one_pass(64, 32, 4, 3), "1p 64x32 w4 s2": _one_pass(64, 32, 4, 2),
+                   "1p 64x64 w4 s3": _one_pass(64, 64, 4, 3), "1p 128x64 w8 s3": _one_pass(128, 64, 8, 3),
+                   "1p 128x64 w4 s3": _one_pass(128, 64, 4, 3)}
+WAVE_SHAPES = [(f"B1 H{h} N{n} d64 causal", 1, h, n, 64, True)
+               for h in (1, 2, 4) for n in (1024, 2048, 4096, 8192, 16384, 32768, 65536)]
 CHECKS = [(dt, causal, n) for dt in ("bf16", "fp16") for causal in (True, False) for n in (1000, 1024)]
 PROBES = [("bf16", 1), ("bf16", 77), ("fp16", 1)]
 
 
-def correctness(workers: int) -> dict:
+def correctness(workers: int, candidates: dict) -> dict:
     jobs = [(dict(name=f"d{d} {name}", kind="bwd", config=tuple(sorted(cfg.items()))), d, CHECKS, PROBES)
-            for d, cands in CANDIDATES.items() for name, cfg in cands.items()]
+            for d, cands in candidates.items() for name, cfg in cands.items()]
     with mp.get_context("spawn").Pool(workers) as pool:
         return {r["name"]: r for r in pool.map(_pool_check, jobs)}
 
@@ -102,14 +112,18 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=12)
     p.add_argument("--rep", type=int, default=60)
+    p.add_argument("--phase", choices=("anchors", "waves"), default="anchors")
     a = p.parse_args()
+    global CANDIDATES, SHAPES
+    if a.phase == "waves":
+        CANDIDATES, SHAPES = {64: WAVE_CANDIDATES}, WAVE_SHAPES
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     from impl.attention import flash_triton as ft
 
-    report = dict(device=device_description("cuda"), torch=torch.__version__, shapes={})
+    report = dict(device=device_description("cuda"), torch=torch.__version__, phase=a.phase, shapes={})
     t0 = time.time()
-    report["correctness"] = correctness(a.workers)
+    report["correctness"] = correctness(a.workers, CANDIDATES)
     report["correctness_s"] = round(time.time() - t0, 1)
     passed = {name for name, r in report["correctness"].items() if r["status"] == "ok"}
     (out / "one_pass.json").write_text(json.dumps(report, indent=1, default=str))
