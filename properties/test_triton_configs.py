@@ -3,12 +3,14 @@
 The GPU defaults of ``impl.attention.flash_triton`` are picked by speed (perf/tune/tune_attention.py), so
 any config the table may hold must be as right as the others: tile shapes, the dQ kernel's
 own warps and stages, the longest-first program order under causal masking, and tiles
-loaded through tensor descriptors (TMA), and the one-pass backward that adds dQ with atomics.  Drawn: an attention case (any layout, ragged
+loaded through tensor descriptors (TMA), the split-KV forward (key ranges in programs of
+their own, merged by a second kernel), and the one-pass backward that adds dQ with atomics.  Drawn: an attention case (any layout, ragged
 lengths) and a forward and a backward config; checked: O, L, dQ, dK, dV against float64
 through the oracle, with outputs poisoned so an unwritten tile fails.
 
 The mutants below (a longest-first order off by one tile; descriptors that assume
-contiguous rows; one-pass dQ shares stored over each other instead of added) must fail the same check on a case that exercises them.  They patch the
+contiguous rows; split-KV partial sums merged without moving them to the common max;
+one-pass dQ shares stored over each other instead of added) must fail the same check on a case that exercises them.  They patch the
 kernels' helpers, which only the interpreter looks up at run time: CPU only.
 """
 
@@ -37,10 +39,12 @@ BLOCKS = (16, 32, 64)
 
 @st.composite
 def forward_configs(draw) -> ft.ForwardConfig:
+    block_m, block_n = draw(st.sampled_from(BLOCKS)), draw(st.sampled_from(BLOCKS))
     return ft.ForwardConfig(
-        block_m=draw(st.sampled_from(BLOCKS)), block_n=draw(st.sampled_from(BLOCKS)),
+        block_m=block_m, block_n=block_n,
         num_warps=draw(st.sampled_from((4, 8))), num_stages=draw(st.sampled_from((1, 2, 3))),
-        longest_first=draw(st.booleans()), tma=draw(st.booleans()), fp_fusion=draw(st.booleans()))
+        longest_first=draw(st.booleans()), tma=draw(st.booleans()), fp_fusion=draw(st.booleans()),
+        split_keys=max(block_m, block_n) * draw(st.sampled_from((0, 1, 2))))
 
 
 @st.composite
@@ -170,6 +174,12 @@ def _add_rows_by_storing(ptrs, values, mask):
     tl.store(ptrs, values, mask=mask)
 
 
+@triton.jit
+def _split_weight_without_rescaling(m_s, m, qk_scale):
+    """Every non-empty split weighed 1, as if each split's sums were under the common max."""
+    return tl.where(m_s > float("-inf"), 1.0, 0.0)
+
+
 MUTANTS = {
     # name: (helper replaced, replacement, a case and configs that exercise it)
     "longest_first_off_by_one": (
@@ -180,6 +190,10 @@ MUTANTS = {
         "_tile_source", _tile_source_contiguous_rows,
         AttentionCase((1, 2), 40, 40, 16, torch.float32, False, None, 1.0, "transposed", 8),
         ft.ForwardConfig(16, 16, tma=True), ft.BackwardConfig(16, 16, 16, 16, tma=True)),
+    "split_sums_merged_without_rescaling": (
+        "_split_weight", _split_weight_without_rescaling,
+        AttentionCase((1, 1), 70, 70, 16, torch.float32, True, None, 1.0, "contiguous", 10),
+        ft.ForwardConfig(16, 16, split_keys=32), ft.BackwardConfig(16, 16, 16, 16)),
     "dq_shares_stored_not_added": (
         "_add_rows", _add_rows_by_storing,
         AttentionCase((1, 1), 40, 40, 16, torch.float32, True, None, 1.0, "contiguous", 9),
@@ -194,6 +208,7 @@ def test_config_mutant_is_rejected(name, device, monkeypatch):
     helper, replacement, case, fwd, bwd = MUTANTS[name]
     check_config(case, fwd, bwd, device)  # the case passes with the real helpers
     monkeypatch.setattr(ft, helper, replacement)
+    monkeypatch.setattr(ft, "_PLANS", {})  # plans made with the real kernels stay out of the way
     with pytest.raises(AssertionError):
         check_config(case, fwd, bwd, device)
 

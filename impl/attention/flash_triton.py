@@ -211,19 +211,26 @@ def _fwd_key_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["H", "N_Q", "N_K", "n_m_tiles"])
+@triton.jit(do_not_specialize=["H", "N_Q", "N_K", "n_m_tiles", "n_splits"])
 def _flash_fwd_kernel(
-    Q, K, V, O, L,
+    Q, K, V, O, L, OPART, MLPART,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
-    H, N_Q, N_K, n_m_tiles, sm_scale, qk_scale,
+    H, N_Q, N_K, n_m_tiles, n_splits, sm_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr, SPLIT_KEYS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
-    """One program per (query tile, batch-head): O_i and L_i for BLOCK_M query rows."""
+    """One program per (query tile, batch-head): O_i and L_i for BLOCK_M query rows.
+
+    SPLIT_KEYS > 0 (split-KV, for grids too small to fill the GPU): program (tile, split s)
+    covers keys [s SPLIT_KEYS, (s + 1) SPLIT_KEYS) only and stores its unnormalised acc to
+    OPART[s] and its running max and sum to MLPART[s] ((n_splits, B H, 2, N_Q)); a split past
+    the tile's last visible key stores acc = 0, m = -inf, l = 0, which the combine weighs 0.
+    SPLIT_KEYS is a multiple of BLOCK_M and BLOCK_N, so every row sees the first key of every
+    split that has any (no row's running max stays -inf)."""
     pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H, LONGEST_FIRST, True)
     q_base = Q + b * stride_qb + h * stride_qh
     k_src = _tile_source(K + b * stride_kb + h * stride_kh, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
@@ -244,8 +251,13 @@ def _flash_fwd_kernel(
     else:
         hi = N_K
         bulk_hi = full_hi
+    lo = 0
+    if SPLIT_KEYS > 0:  # this program's keys only; an empty range leaves m = -inf, l = 0, acc = 0
+        lo = tl.program_id(1) * SPLIT_KEYS
+        hi = tl.minimum(hi, lo + SPLIT_KEYS)
+        bulk_hi = tl.maximum(tl.minimum(bulk_hi, hi), lo)
     acc, l_i, m_i = _fwd_key_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-                                   offs_m, offs_d, 0, bulk_hi, N_K, qk_scale,
+                                   offs_m, offs_d, lo, bulk_hi, N_K, qk_scale,
                                    HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, USE_TMA,
                                    DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
     acc, l_i, m_i = _fwd_key_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
@@ -253,13 +265,62 @@ def _flash_fwd_kernel(
                                    HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, USE_TMA,
                                    DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
 
-    o = acc / l_i[:, None]  # O_i = diag(l_i)^-1 acc
-    # L_i = scale m_i + log l_i.  The backward recomputes scale * s with the same rounding,
-    # so exp(scale s - L) is 1/l exactly where s is the max: no base-2 round trip of L.
-    # (A fused multiply-add here is harmless: where l = 1, log l = 0 and fma rounds once.)
-    lse = m_i * sm_scale + tl.log(l_i)
+    if SPLIT_KEYS > 0:
+        part = tl.program_id(1) * (tl.num_programs(0) // n_m_tiles) + b * H + h  # (split, batch-head)
+        _store_tile(OPART + part * N_Q * HEAD_DIM, acc, offs_m, HEAD_DIM, N_Q, offs_d, 1, HEAD_DIM)
+        tl.store(MLPART + (2 * part) * N_Q + offs_m, m_i, mask=offs_m < N_Q)
+        tl.store(MLPART + (2 * part + 1) * N_Q + offs_m, l_i, mask=offs_m < N_Q)
+    else:
+        o = acc / l_i[:, None]  # O_i = diag(l_i)^-1 acc
+        # L_i = scale m_i + log l_i.  The backward recomputes scale * s with the same rounding,
+        # so exp(scale s - L) is 1/l exactly where s is the max: no base-2 round trip of L.
+        # (A fused multiply-add here is harmless: where l = 1, log l = 0 and fma rounds once.)
+        lse = m_i * sm_scale + tl.log(l_i)
+        _store_tile(O + b * stride_ob + h * stride_oh, o, offs_m, stride_on, N_Q, offs_d, stride_od, HEAD_DIM)
+        tl.store(L + (b * H + h) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+
+
+@triton.jit
+def _split_weight(m_s, m, qk_scale):
+    """exp(scale (m_s - m)): a split's sums moved from its own max to the common one."""
+    return tl.math.exp2((m_s - m) * qk_scale)
+
+
+@triton.jit(do_not_specialize=["H", "N_Q", "n_m_tiles", "n_splits"])
+def _flash_fwd_combine_kernel(
+    OPART, MLPART, O, L,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, N_Q, n_m_tiles, n_splits, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Split-KV forward, second step: per (query tile, batch-head), the splits' partial
+    softmax sums merged under their common max m = max_s m_s (raw scores):
+    l = sum_s exp(scale (m_s - m)) l_s,  O = sum_s exp(scale (m_s - m)) acc_s / l,
+    L = scale m + log l.  One split is weighed exp(0) = 1: its O and L are the unsplit ones."""
+    pid = tl.program_id(0)
+    pid_m, bh = pid % n_m_tiles, (pid // n_m_tiles).to(tl.int64)
+    b, h = bh // H, bh % H
+    n_bh = tl.num_programs(0) // n_m_tiles
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = offs_m < N_Q
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(n_splits):
+        m = tl.maximum(m, tl.load(MLPART + (2 * (s * n_bh + bh)) * N_Q + offs_m, mask=rows, other=0.0))
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for s in range(n_splits):
+        part = s * n_bh + bh
+        m_s = tl.load(MLPART + (2 * part) * N_Q + offs_m, mask=rows, other=0.0)
+        alpha = _split_weight(m_s, m, qk_scale)  # 0 for an empty split (m_s = -inf)
+        l += alpha * tl.load(MLPART + (2 * part + 1) * N_Q + offs_m, mask=rows, other=0.0)
+        acc_s = _load_tile(OPART + part * N_Q * HEAD_DIM, offs_m, HEAD_DIM, N_Q, offs_d, 1, HEAD_DIM, BLOCK_D, True)
+        acc += alpha[:, None] * acc_s
+    l = tl.where(rows, l, 1.0)  # rows past N_Q (never stored) summed nothing
+    o = acc / l[:, None]
+    lse = m * sm_scale + tl.log(l)  # as the unsplit forward's epilogue
     _store_tile(O + b * stride_ob + h * stride_oh, o, offs_m, stride_on, N_Q, offs_d, stride_od, HEAD_DIM)
-    tl.store(L + (b * H + h) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+    tl.store(L + bh * N_Q + offs_m, lse, mask=rows)
 
 
 # ---------------------------------------------------------------------------------------
@@ -525,6 +586,9 @@ class ForwardConfig:
     longest_first: bool = False  # causal: longest programs first, batch-heads innermost
     tma: bool = False  # key/value tiles through tensor descriptors where the layout allows
     fp_fusion: bool = False  # let the compiler fuse multiply-adds (safe in the forward, see _launch)
+    # Split-KV: keys per program (0: one program covers all of a query tile's keys).  A
+    # multiple of block_m and block_n; a second kernel merges the splits (small grids).
+    split_keys: int = 0
 
 
 @dataclass(frozen=True)
@@ -776,21 +840,31 @@ class _ForwardPlan:
         self.o_shape, self.lse_shape = q.shape, q.shape[:-1]
         self.dtype, self.device = q.dtype, q.device
         self.to_4d = q.dim() > 4  # merging outer batch dims may copy: done per call
-        self.launch = None
+        self.launch = self.combine = None
         if q.numel() == 0:  # an empty batch: nothing to compute
             return
         q4, k4, v4 = (_as_4d(t) for t in (q, k, v))
         batch, heads, n_q, _ = q4.shape
         n_k = k4.shape[2]
         n_m_tiles = triton.cdiv(n_q, cfg.block_m)
+        split = _split_keys(cfg, n_k)
+        n_splits = triton.cdiv(n_k, split) if split else 1
         rest = (*q4.stride(), *k4.stride(), *v4.stride(), *_meta_4d_strides(q.shape),
-                heads, n_q, n_k, n_m_tiles, self.scale, self.scale * 1.4426950408889634)
+                heads, n_q, n_k, n_m_tiles, n_splits, self.scale, self.scale * 1.4426950408889634)
         tma = bool(cfg.tma and _tma_ready(k4, v4))
         constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=_block_d(d),
                           IS_CAUSAL=self.is_causal, LONGEST_FIRST=bool(cfg.longest_first and is_causal),
-                          USE_TMA=tma, **_dot_settings(q.dtype))
-        self.launch = Launch(_flash_fwd_kernel, (n_m_tiles * batch * heads,), rest, constexprs,
+                          USE_TMA=tma, SPLIT_KEYS=split, **_dot_settings(q.dtype))
+        self.launch = Launch(_flash_fwd_kernel, (n_m_tiles * batch * heads, n_splits), rest, constexprs,
                              _options(q.device, cfg.num_warps, cfg.num_stages, cfg.fp_fusion), q.device, tma)
+        if split:
+            # The splits' partial sums, then their merge (without fused multiply-adds: L's rounding).
+            self.parts = ((n_splits * batch * heads, n_q, d), (n_splits * batch * heads, 2, n_q))
+            self.combine = Launch(_flash_fwd_combine_kernel, (n_m_tiles * batch * heads,),
+                                  (*_meta_4d_strides(q.shape), heads, n_q, n_m_tiles, n_splits, self.scale,
+                                   self.scale * 1.4426950408889634),
+                                  dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_D=_block_d(d)),
+                                  _options(q.device, 4, 1), q.device, False)
 
     def __call__(self, q, k, v):
         o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
@@ -798,7 +872,13 @@ class _ForwardPlan:
         if self.launch is not None:
             if self.to_4d:
                 q, k, v = _as_4d(q), _as_4d(k), _as_4d(v)
-            self.launch(q, k, v, o, lse)  # o is contiguous: its (B, H, N, d) view has its address
+            if self.combine is None:
+                self.launch(q, k, v, o, lse, lse, lse)  # lse stands in for the unused split buffers
+            else:
+                o_part = torch.empty(self.parts[0], dtype=torch.float32, device=self.device)
+                ml_part = torch.empty(self.parts[1], dtype=torch.float32, device=self.device)
+                self.launch(q, k, v, o, lse, o_part, ml_part)
+                self.combine(o_part, ml_part, o, lse)
         return o, lse
 
 
@@ -882,6 +962,17 @@ class _BackwardPlan:
         dq_launch(q, k, v, o, grad_o, lse, delta, dq)
         dkdv(q, k, v, grad_o, lse, delta, dk, dv, delta)  # delta stands in for the unused dQ accumulator
         return dq, dk, dv
+
+
+def _split_keys(cfg: ForwardConfig, n_k: int) -> int:
+    """The config's keys per split program, checked; 0 where one split would cover every key."""
+    split = cfg.split_keys
+    if not split:
+        return 0
+    if not (isinstance(split, int) and split > 0 and split % cfg.block_m == 0 and split % cfg.block_n == 0):
+        raise ValueError(f"split_keys={split!r} must be a positive multiple of block_m={cfg.block_m} "
+                         f"and block_n={cfg.block_n}")
+    return split if split < n_k else 0
 
 
 def _determinism() -> tuple:

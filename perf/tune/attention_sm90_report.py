@@ -82,15 +82,16 @@ def kernels_of(cand, anchor) -> dict:
     causal = anchor.causal
     if cand.kind == "fwd":
         c = ft.ForwardConfig(**cfg)
-        args = (t, t, t, t, vec, *t.stride() * 4, h, n, n, n // c.block_m, 0.125, 0.18)
+        splits = triton.cdiv(n, c.split_keys) if c.split_keys else 1
+        args = (t, t, t, t, vec, vec, vec, *t.stride() * 4, h, n, n, n // c.block_m, splits, 0.125, 0.18)
         ce = dict(HEAD_DIM=d, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_D=block_d, IS_CAUSAL=causal,
-                  LONGEST_FIRST=c.longest_first and causal, USE_TMA=c.tma, **dots)
+                  LONGEST_FIRST=c.longest_first and causal, USE_TMA=c.tma, SPLIT_KEYS=c.split_keys, **dots)
         return {"fwd": (ft._flash_fwd_kernel, args, ce, c.num_warps, c.num_stages, c.fp_fusion)}
     c = ft.BackwardConfig(**cfg)
     lpt = c.longest_first and causal
-    dkdv_args = (t, t, t, t, vec, vec, t, t, *t.stride() * 6, h, n, n, n // c.dkdv_block_n, 0.125)
+    dkdv_args = (t, t, t, t, vec, vec, t, t, vec, *t.stride() * 6, h, n, n, n // c.dkdv_block_n, 0.125)
     dkdv_ce = dict(HEAD_DIM=d, BLOCK_M=c.dkdv_block_m, BLOCK_N=c.dkdv_block_n, BLOCK_D=block_d, IS_CAUSAL=causal,
-                   KEYS_EVEN=True, LONGEST_FIRST=lpt, USE_TMA=c.tma, **dots)
+                   KEYS_EVEN=True, LONGEST_FIRST=lpt, USE_TMA=c.tma, ATOMIC_DQ=c.dq_atomic, **dots)
     dq_args = (t, t, t, t, t, vec, vec, t, *t.stride() * 6, h, n, n, n // c.dq_block_m, 0.125)
     dq_ce = dict(HEAD_DIM=d, BLOCK_M=c.dq_block_m, BLOCK_N=c.dq_block_n, BLOCK_D=block_d, IS_CAUSAL=causal,
                  LONGEST_FIRST=lpt, USE_TMA=c.tma, **dots)
