@@ -105,6 +105,62 @@ def test_every_config_computes_the_same_attention(device, shard):
 
 
 # ---------------------------------------------------------------------------------------
+# Every entry of the GPU tables, as it is (the config law above draws tiles at random)
+# ---------------------------------------------------------------------------------------
+
+
+def table_entries():
+    """(name, fp32, head-dim bucket, causal or None for both, kind, config) of every GPU table entry."""
+    for (fp32, bucket), cfg in ft._GPU_FWD.items():
+        yield f"fwd {'fp32' if fp32 else '16-bit'} d{bucket}", fp32, bucket, None, "fwd", cfg
+    for bucket, tiers in ft._SMALL_GRID_FWD.items():
+        for waves, cfg in tiers:
+            yield f"small-grid fwd d{bucket} <= {waves} waves", False, bucket, None, "fwd", cfg
+    for (fp32, bucket), cfg in ft._GPU_BWD.items():
+        yield f"bwd {'fp32' if fp32 else '16-bit'} d{bucket}", fp32, bucket, None, "bwd", cfg
+    for (fp32, bucket), cfg in ft._GPU_BWD_NON_CAUSAL.items():
+        yield f"non-causal bwd {'fp32' if fp32 else '16-bit'} d{bucket}", fp32, bucket, False, "bwd", cfg
+    for (causal, bucket), tiers in ft._SMALL_GRID_BWD.items():
+        for waves, cfg in tiers:
+            yield (f"small-grid {'causal' if causal else 'non-causal'} bwd d{bucket} <= {waves} waves",
+                   False, bucket, causal, "bwd", cfg)
+
+
+TABLE = list(table_entries())
+
+
+@pytest.mark.parametrize("entry", TABLE, ids=[e[0] for e in TABLE])
+def test_every_table_entry_computes_the_same_attention(entry, device):
+    """Each config the GPU path may pick, run as configured (a one-pass entry really runs in one
+    pass here: the config is passed, so poisoning's deterministic mode only warns), on ragged
+    lengths that cross its tiles and splits, causal and not, against float64."""
+    check_table_entry(entry, device)
+
+
+def test_a_one_pass_table_entry_with_its_dq_shares_stored_is_rejected(device, monkeypatch):
+    if device.type != "cpu":
+        pytest.skip("mutants patch kernel helpers, which only the Triton interpreter resolves at run time")
+    entry = next(e for e in TABLE if e[4] == "bwd" and e[5].dq_atomic and e[2] <= 128)
+    monkeypatch.setattr(ft, "_add_rows", _add_rows_by_storing)
+    monkeypatch.setattr(ft, "_PLANS", {})
+    with pytest.raises(AssertionError):
+        check_table_entry(entry, device)
+
+
+def check_table_entry(entry, device) -> None:
+    name, fp32, bucket, causal, kind, cfg = entry
+    if device.type == "cpu" and (fp32 or bucket > 128):
+        pytest.skip("under the interpreter: the 16-bit entries up to d=128 (the others are checked on a GPU)")
+    dtype = torch.float32 if fp32 else (torch.bfloat16 if device.type == "cuda" else torch.float16)
+    n = 300 if device.type == "cpu" else 1000
+    for is_causal in ((True, False) if causal is None else (causal,)):
+        case = AttentionCase((1, 1), n, n, bucket - 8, dtype, is_causal, None, 1.0, "contiguous", 12)
+        fwd = cfg if kind == "fwd" else ft.default_forward_config(dtype, case.d, device)
+        bwd = cfg if kind == "bwd" else ft.default_backward_config(dtype, case.d, device, is_causal)
+        check_config(case, fwd, bwd, device)
+
+
+# ---------------------------------------------------------------------------------------
 # The default table's small-grid entries (which config the GPU path picks; CPU-checkable)
 # ---------------------------------------------------------------------------------------
 
@@ -112,10 +168,15 @@ def test_every_config_computes_the_same_attention(device, shard):
 def test_small_grids_get_small_tiles_and_the_anchor_shapes_keep_the_table():
     h100 = 132
     fwd_table, bwd_table = ft._GPU_FWD[(False, 64)], ft._GPU_BWD[(False, 64)]
-    # CS336's sweep (batch 1, one head) up to N = 16384: one wave of 128-row tiles or less
+    # CS336's sweep (batch 1, one head) up to N = 16384: one wave of 128-row tiles or less;
+    # causal d=64 there and up to two waves: the one-pass backward
     for n in (128, 1024, 16384):
         assert ft.pick_backward_config(False, 64, True, 1, n, h100).dkdv_block_n == 64
+        assert ft.pick_backward_config(False, 64, True, 1, n, h100).dq_atomic
         assert ft.pick_forward_config(False, 64, 1, n, h100) == fwd_table  # no small-grid forward (L2)
+    assert ft.pick_backward_config(False, 64, True, 1, 32768, h100).dkdv_block_n == 128
+    assert ft.pick_backward_config(False, 64, True, 1, 32768, h100).dq_atomic
+    assert not ft.pick_backward_config(False, 64, True, 1, 65536, h100).dq_atomic
     # the leaderboard shape (B1 H16 N16384) and float32 keep the table
     assert ft.pick_forward_config(False, 64, 16, 16384, h100) == fwd_table
     assert ft.pick_backward_config(False, 64, True, 16, 16384, h100) == bwd_table

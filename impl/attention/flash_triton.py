@@ -655,12 +655,28 @@ _GPU_BWD_NON_CAUSAL = {
 # tiles were 10 to 17 % faster with the inputs in L2 but 15 to 25 % slower in the sweep,
 # which empties L2 before each call (twice the programs read K and V from memory): no
 # small-grid forward entry.
+#
+# The one-pass backward (dq_atomic) at d=64 under causal masking, measured on an H100 at 1, 2
+# and 4 heads, N 1024 to 65536 (perf/results/2026-11-26-h100-one-pass/waves): up to one wave
+# the 64x64 one pass is 5 to 25 % faster than the two kernels, up to two waves the 128x64 one
+# 13 to 21 % faster; at four waves and beyond the two kernels are faster again (the one
+# pass has one critical path where the two kernels have two in a row; on a full GPU its
+# float32 atomics cost more than the matmuls they save; the leaderboard shape: 4.50 vs 4.12 ms).
+# Each entry: (up to this many waves, config), smallest grids first.
 _SMALL_GRID_FWD: dict = {}
 _SMALL_GRID_BWD = {
-    (True, 64): (1.0, BackwardConfig(64, 64, 64, 64, 4, 2, 128, longest_first=True, tma=True)),
-    (True, 128): (1.0, BackwardConfig(64, 64, 64, 64, 4, 2, 128, longest_first=True, tma=True)),
-    (False, 64): (0.5, BackwardConfig(64, 64, 64, 64, 4, 2, 128)),
+    (True, 64): ((1.0, BackwardConfig(64, 64, 64, 64, 4, 3, 64, longest_first=True, tma=True, dq_atomic=True)),
+                 (2.0, BackwardConfig(128, 64, 64, 64, 8, 3, 64, longest_first=True, tma=True, dq_atomic=True))),
+    (True, 128): ((1.0, BackwardConfig(64, 64, 64, 64, 4, 2, 128, longest_first=True, tma=True)),),
+    (False, 64): ((0.5, BackwardConfig(64, 64, 64, 64, 4, 2, 128)),),
 }
+
+
+def _small_grid_entry(tiers, waves: float):
+    for max_waves, cfg in tiers:
+        if waves <= max_waves:
+            return cfg
+    return None
 
 
 def _waves(batch_heads: int, n: int, sm_count: int) -> float:
@@ -694,10 +710,8 @@ def default_forward_config(dtype: torch.dtype, head_dim: int, device: torch.devi
 
 
 def pick_forward_config(fp32: bool, bucket: int, batch_heads: int, n_q: int, sm_count: int) -> ForwardConfig:
-    small = None if fp32 else _SMALL_GRID_FWD.get(bucket)
-    if small is not None and _waves(batch_heads, n_q, sm_count) <= small[0]:
-        return small[1]
-    return _GPU_FWD[(fp32, bucket)]
+    tiers = () if fp32 else _SMALL_GRID_FWD.get(bucket, ())
+    return _small_grid_entry(tiers, _waves(batch_heads, n_q, sm_count)) or _GPU_FWD[(fp32, bucket)]
 
 
 def default_backward_config(dtype: torch.dtype, head_dim: int, device: torch.device,
@@ -714,9 +728,10 @@ def default_backward_config(dtype: torch.dtype, head_dim: int, device: torch.dev
 
 
 def pick_backward_config(fp32: bool, bucket: int, is_causal: bool, batch_heads, n_k, sm_count) -> BackwardConfig:
-    small = None if fp32 or batch_heads is None else _SMALL_GRID_BWD.get((is_causal, bucket))
-    if small is not None and _waves(batch_heads, n_k, sm_count) <= small[0]:
-        return small[1]
+    tiers = () if fp32 or batch_heads is None else _SMALL_GRID_BWD.get((is_causal, bucket), ())
+    small = _small_grid_entry(tiers, _waves(batch_heads, n_k, sm_count)) if tiers else None
+    if small is not None:
+        return small
     key = (fp32, bucket)
     if not is_causal and key in _GPU_BWD_NON_CAUSAL:
         return _GPU_BWD_NON_CAUSAL[key]
