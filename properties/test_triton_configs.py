@@ -113,15 +113,18 @@ def table_entries():
     """(name, fp32, head-dim bucket, causal or None for both, kind, config) of every GPU table entry."""
     for (fp32, bucket), cfg in ft._GPU_FWD.items():
         yield f"fwd {'fp32' if fp32 else '16-bit'} d{bucket}", fp32, bucket, None, "fwd", cfg
-    for bucket, tiers in ft._SMALL_GRID_FWD.items():
-        for waves, cfg in tiers:
-            yield f"small-grid fwd d{bucket} <= {waves} waves", False, bucket, None, "fwd", cfg
+    for (causal, bucket), tiers in ft._SMALL_GRID_FWD.items():
+        for waves, cfg, _ in tiers:
+            # the split width is set per grid (pick_forward_config); 128 keys here, so that the
+            # short cases below have three splits or more
+            yield (f"small-grid {'causal' if causal else 'non-causal'} fwd d{bucket} <= {waves} waves",
+                   False, bucket, causal, "fwd", replace(cfg, split_keys=128))
     for (fp32, bucket), cfg in ft._GPU_BWD.items():
         yield f"bwd {'fp32' if fp32 else '16-bit'} d{bucket}", fp32, bucket, None, "bwd", cfg
     for (fp32, bucket), cfg in ft._GPU_BWD_NON_CAUSAL.items():
         yield f"non-causal bwd {'fp32' if fp32 else '16-bit'} d{bucket}", fp32, bucket, False, "bwd", cfg
     for (causal, bucket), tiers in ft._SMALL_GRID_BWD.items():
-        for waves, cfg in tiers:
+        for waves, cfg, *_ in tiers:
             yield (f"small-grid {'causal' if causal else 'non-causal'} bwd d{bucket} <= {waves} waves",
                    False, bucket, causal, "bwd", cfg)
 
@@ -173,7 +176,14 @@ def test_small_grids_get_small_tiles_and_the_anchor_shapes_keep_the_table():
     for n in (128, 1024, 16384):
         assert ft.pick_backward_config(False, 64, True, 1, n, h100).dkdv_block_n == 64
         assert ft.pick_backward_config(False, 64, True, 1, n, h100).dq_atomic
-        assert ft.pick_forward_config(False, 64, 1, n, h100) == fwd_table  # no small-grid forward (L2)
+    # the split-KV forward: from three splits of 256 keys, up to half a wave (one under causal
+    # masking at d=64), the keys in 8 splits at d=64
+    assert ft.pick_forward_config(False, 64, 1, 128, h100, True) == fwd_table  # too few keys to split
+    assert ft.pick_forward_config(False, 64, 1, 1024, h100, True).split_keys == 256
+    assert ft.pick_forward_config(False, 64, 1, 8192, h100, False).split_keys == 1024
+    assert ft.pick_forward_config(False, 64, 1, 16384, h100, True).split_keys == 2048
+    assert ft.pick_forward_config(False, 64, 1, 16384, h100, False) == fwd_table
+    assert ft.pick_forward_config(False, 128, 1, 8192, h100, True).split_keys == 2048
     assert ft.pick_backward_config(False, 64, True, 1, 32768, h100).dkdv_block_n == 128
     assert ft.pick_backward_config(False, 64, True, 1, 32768, h100).dq_atomic
     assert not ft.pick_backward_config(False, 64, True, 1, 65536, h100).dq_atomic
@@ -185,10 +195,12 @@ def test_small_grids_get_small_tiles_and_the_anchor_shapes_keep_the_table():
 
 
 @given(bucket=st.sampled_from((64, 128, 256)), fp32=st.booleans(), causal=st.booleans(),
-       batch_heads=st.integers(1, 512), n=st.integers(1, 1 << 17), sms=st.sampled_from((78, 108, 132)))
+       batch_heads=st.integers(1, 512), n=st.integers(3 * ft._MIN_SPLIT_KEYS, 1 << 17),
+       sms=st.sampled_from((78, 108, 132)))
 def test_a_grid_that_gets_the_table_keeps_it_when_it_grows(bucket, fp32, causal, batch_heads, n, sms):
-    """The small-grid entries stop at a grid size: more sequence or more heads never return to them."""
-    for pick in (lambda bh, m: ft.pick_forward_config(fp32, bucket, bh, m, sms),
+    """The small-grid entries stop at a grid size: more sequence or more heads never return to
+    them (from three splits' worth of keys: below that the split forward has nothing to split)."""
+    for pick in (lambda bh, m: ft.pick_forward_config(fp32, bucket, bh, m, sms, causal),
                  lambda bh, m: ft.pick_backward_config(fp32, bucket, causal, bh, m, sms)):
         if pick(batch_heads, n) == pick(1 << 20, 1 << 20):  # the table's entry for this key
             assert pick(2 * batch_heads, n) == pick(batch_heads, n)

@@ -663,19 +663,43 @@ _GPU_BWD_NON_CAUSAL = {
 # pass has one critical path where the two kernels have two in a row; on a full GPU its
 # float32 atomics cost more than the matmuls they save; the leaderboard shape: 4.50 vs 4.12 ms).
 # Each entry: (up to this many waves, config), smallest grids first.
-_SMALL_GRID_FWD: dict = {}
+#
+# Forward: the split-KV forward (split_keys), measured on an H100 at 1 and 4 heads, N 1024 to
+# 16384 (perf/results/2026-11-26-h100-one-pass/split): 64x64 tiles with the keys cut into 8
+# splits (d=64) or 4 (d=128), 256 keys at least, were 1.3 to 2.1 x faster than the table up
+# to half a wave (and to one wave under causal masking at d=64); at one wave without it the
+# table is faster again.  Each entry: (up to this many waves, config, splits of the keys).
+_SMALL_GRID_FWD = {
+    (True, 64): ((1.0, ForwardConfig(64, 64, 4, 2, longest_first=True), 8),),
+    (False, 64): ((0.5, ForwardConfig(64, 64, 4, 2, longest_first=True), 8),),
+    (True, 128): ((0.5, ForwardConfig(64, 64, 4, 2, longest_first=True, tma=True), 4),),
+    (False, 128): ((0.5, ForwardConfig(64, 64, 4, 2, longest_first=True, tma=True), 4),),
+}
+_MIN_SPLIT_KEYS = 256  # fewer keys a program than this measured slower (2 or 3 key tiles of work)
 _SMALL_GRID_BWD = {
     (True, 64): ((1.0, BackwardConfig(64, 64, 64, 64, 4, 3, 64, longest_first=True, tma=True, dq_atomic=True)),
                  (2.0, BackwardConfig(128, 64, 64, 64, 8, 3, 64, longest_first=True, tma=True, dq_atomic=True))),
     (True, 128): ((1.0, BackwardConfig(64, 64, 64, 64, 4, 2, 128, longest_first=True, tma=True)),),
-    (False, 64): ((0.5, BackwardConfig(64, 64, 64, 64, 4, 2, 128)),),
+    # d=64 without a mask: the 64x64 one pass 10 % faster at half a wave, level at 2048 keys,
+    # slower from one wave (perf/results/2026-11-26-h100-one-pass/split)
+    (False, 64): ((0.5, BackwardConfig(64, 64, 64, 64, 4, 3, 64, longest_first=True, tma=True, dq_atomic=True)),),
 }
 
 
 def _small_grid_entry(tiers, waves: float):
-    for max_waves, cfg in tiers:
+    for max_waves, cfg, *_ in tiers:
         if waves <= max_waves:
             return cfg
+    return None
+
+
+def _split_forward_entry(tiers, waves: float, n_k: int):
+    """The small-grid forward for this grid, its keys cut into the tier's number of splits
+    (a power of two, at least _MIN_SPLIT_KEYS each); None where that leaves fewer than 3."""
+    for max_waves, cfg, splits in tiers:
+        if waves <= max_waves:
+            keys = max(_MIN_SPLIT_KEYS, triton.next_power_of_2(triton.cdiv(n_k, splits)))
+            return replace(cfg, split_keys=keys) if triton.cdiv(n_k, keys) >= 3 else None
     return None
 
 
@@ -698,20 +722,24 @@ def _head_dim_bucket(block_d: int) -> int:
 
 
 def default_forward_config(dtype: torch.dtype, head_dim: int, device: torch.device,
-                           batch_heads: int | None = None, n_q: int | None = None) -> ForwardConfig:
+                           batch_heads: int | None = None, n_q: int | None = None,
+                           is_causal: bool = False, n_k: int | None = None) -> ForwardConfig:
     """The table's config; with ``batch_heads`` and ``n_q`` given, the small-grid one where
     the launch would fill few SMs."""
     if device.type != "cuda":
         return _INTERPRETER_FWD
     fp32, bucket = dtype == torch.float32, _head_dim_bucket(_block_d(head_dim))
     if batch_heads is not None and n_q is not None:
-        return pick_forward_config(fp32, bucket, batch_heads, n_q, _device_sm_count(device))
+        return pick_forward_config(fp32, bucket, batch_heads, n_q, _device_sm_count(device), bool(is_causal),
+                                   n_q if n_k is None else n_k)
     return _GPU_FWD[(fp32, bucket)]
 
 
-def pick_forward_config(fp32: bool, bucket: int, batch_heads: int, n_q: int, sm_count: int) -> ForwardConfig:
-    tiers = () if fp32 else _SMALL_GRID_FWD.get(bucket, ())
-    return _small_grid_entry(tiers, _waves(batch_heads, n_q, sm_count)) or _GPU_FWD[(fp32, bucket)]
+def pick_forward_config(fp32: bool, bucket: int, batch_heads: int, n_q: int, sm_count: int,
+                        is_causal: bool = False, n_k: int | None = None) -> ForwardConfig:
+    tiers = () if fp32 else _SMALL_GRID_FWD.get((is_causal, bucket), ())
+    small = _split_forward_entry(tiers, _waves(batch_heads, n_q, sm_count), n_q if n_k is None else n_k)
+    return small or _GPU_FWD[(fp32, bucket)]
 
 
 def default_backward_config(dtype: torch.dtype, head_dim: int, device: torch.device,
@@ -850,7 +878,8 @@ class _ForwardPlan:
         d = q.shape[-1]
         batch_heads = math.prod(q.shape[:-2])
         cfg = _coerce_config(config, ForwardConfig,
-                             default_forward_config(q.dtype, d, q.device, batch_heads, q.shape[-2]))
+                             default_forward_config(q.dtype, d, q.device, batch_heads, q.shape[-2], is_causal,
+                                                    k.shape[-2]))
         _check_blocks(block_m=cfg.block_m, block_n=cfg.block_n)
         self.o_shape, self.lse_shape = q.shape, q.shape[:-1]
         self.dtype, self.device = q.dtype, q.device
