@@ -1,0 +1,22 @@
+"""The sweep goal's count: a point is won only where ours is at most the peer, per pass."""
+
+from __future__ import annotations
+
+from perf.scripts.attention_vs_flash import compare
+
+
+def _row(impl, n, pass_, ms, causal=True, d=64):
+    return dict(impl=impl, causal=causal, d=d, seq=n, ms=ms, status="ok", **{"pass": pass_})
+
+
+def test_a_point_counts_where_ours_is_at_most_the_peer_and_missing_rows_are_not_counted():
+    rows = [_row("triton", 1024, "forward", 1.0), _row("sdpa_flash", 1024, "forward", 1.0),  # a tie wins
+            _row("triton", 8192, "forward", 2.0), _row("sdpa_flash", 8192, "forward", 1.5),
+            _row("triton", 8192, "backward", 1.0), _row("sdpa_flash", 8192, "backward", 3.0),
+            _row("triton", 8192, "forward_backward", 1.0),  # no peer row: not compared
+            dict(_row("sdpa_flash", 1024, "backward", 1.0), status="error")]
+    lines, counts = compare(rows, "triton", "sdpa_flash")
+    assert counts["forward"] == [1, 2, 0, 1]
+    assert counts["backward"] == [1, 1, 1, 1]
+    assert counts["forward_backward"] == [0, 0, 0, 0]
+    assert any("| causal | 64 | 8192 | 2.000 / 1.500 | 1.000 / 3.000 ** | - |" == ln for ln in lines)
