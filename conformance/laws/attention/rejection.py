@@ -21,10 +21,7 @@ DEFAULT_EXAMPLES = 40  # enough that each bug's triggering shapes are drawn
 # Every example of this law already runs one neighbour of each kind (causal flag, layout,
 # key length, dtype, scale): its bugs show in any example, and under the interpreter each
 # example costs about five calls forward and backward.
-# The long bf16 contract law draws sequences of thousands of keys (seconds an example in the
-# PyTorch flavour); its mutant (bf16 accumulators) fails at the first example drawn.
-FEWER_EXAMPLES = {"results_do_not_depend_on_earlier_calls": 12,
-                  "contract_long_sequences_in_bf16_match_float64_reference": 12}
+FEWER_EXAMPLES = {"results_do_not_depend_on_earlier_calls": 12}
 
 
 def mutant_examples(law_name: str) -> int:
