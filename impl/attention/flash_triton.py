@@ -20,7 +20,9 @@ Contract
     N_q != N_k).  scale: softmax scale, default 1/sqrt(d).  The forward keeps the
     running max in raw-score units and folds scale * log2(e) into one multiply before
     exp2; the backward computes exp2((scale s - L) * log2(e)).
-    Returns O in the input dtype (contiguous, shape of q).  Saved for backward: q, k, v,
+    Returns O in the input dtype, shape of q, dense in q's memory order (contiguous for a
+    contiguous q; for q stored (B, N, H, d) and seen as (B, H, N, d), O is stored so too, and
+    dQ, dK, dV follow q, k, v the same way).  Saved for backward: q, k, v,
     O, and L = logsumexp of the scaled scores (natural log, float32, shape q.shape[:-1],
     contiguous), the only saved tensor of that shape.
     Backward: a dQ kernel (one program per query tile and batch-head, looping over key
@@ -828,9 +830,27 @@ def _tma_ready(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def _meta_4d_strides(shape) -> tuple:
-    """Strides of the (B, H, N, d) view of a contiguous tensor of ``shape`` (our outputs)."""
-    return _as_4d(torch.empty(shape, device="meta")).stride()
+def _meta_4d_strides(shape, strides=None) -> tuple:
+    """Strides of the (B, H, N, d) view of a tensor of ``shape`` (and ``strides``, default
+    contiguous): our outputs."""
+    t = torch.empty(shape, device="meta") if strides is None else torch.empty_strided(shape, strides, device="meta")
+    return _as_4d(t).stride()
+
+
+def _dense_strides_like(t: torch.Tensor) -> tuple:
+    """Strides of an output of t's shape, dense, in t's memory order: dims by decreasing
+    stride (ties in dim order), the head dim innermost.  For q stored (B, N, H, d) and seen
+    as (B, H, N, d) (a model's heads split from one projection), O and dQ are stored
+    (B, N, H, d) too, so the model's transpose back and reshape are views, not copies (as
+    torch's SDPA does).  Contiguous for a contiguous t and for more than 4 dims (merged)."""
+    if t.dim() > 4 or t.is_contiguous():
+        return torch.empty(t.shape, device="meta").stride()
+    order = sorted(range(t.dim() - 1), key=lambda i: (-t.stride(i), i)) + [t.dim() - 1]  # outermost first
+    strides, size = [0] * t.dim(), 1
+    for i in reversed(order):
+        strides[i] = size
+        size *= t.shape[i]
+    return tuple(strides)
 
 
 def _signature(*tensors) -> tuple:
@@ -882,6 +902,7 @@ class _ForwardPlan:
                                                     k.shape[-2]))
         _check_blocks(block_m=cfg.block_m, block_n=cfg.block_n)
         self.o_shape, self.lse_shape = q.shape, q.shape[:-1]
+        self.o_strides = _dense_strides_like(q)
         self.dtype, self.device = q.dtype, q.device
         self.to_4d = q.dim() > 4  # merging outer batch dims may copy: done per call
         self.launch = self.combine = None
@@ -893,7 +914,7 @@ class _ForwardPlan:
         n_m_tiles = triton.cdiv(n_q, cfg.block_m)
         split = _split_keys(cfg, n_k)
         n_splits = triton.cdiv(n_k, split) if split else 1
-        rest = (*q4.stride(), *k4.stride(), *v4.stride(), *_meta_4d_strides(q.shape),
+        rest = (*q4.stride(), *k4.stride(), *v4.stride(), *_meta_4d_strides(q.shape, self.o_strides),
                 heads, n_q, n_k, n_m_tiles, n_splits, self.scale, self.scale * 1.4426950408889634)
         tma = bool(cfg.tma and _tma_ready(k4, v4))
         constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=_block_d(d),
@@ -905,13 +926,14 @@ class _ForwardPlan:
             # The splits' partial sums, then their merge (without fused multiply-adds: L's rounding).
             self.parts = ((n_splits * batch * heads, n_q, d), (n_splits * batch * heads, 2, n_q))
             self.combine = Launch(_flash_fwd_combine_kernel, (n_m_tiles * batch * heads,),
-                                  (*_meta_4d_strides(q.shape), heads, n_q, n_m_tiles, n_splits, self.scale,
+                                  (*_meta_4d_strides(q.shape, self.o_strides), heads, n_q, n_m_tiles, n_splits,
+                                   self.scale,
                                    self.scale * 1.4426950408889634),
                                   dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_D=_block_d(d)),
                                   _options(q.device, 4, 1), q.device, False)
 
     def __call__(self, q, k, v):
-        o = torch.empty(self.o_shape, dtype=self.dtype, device=self.device)
+        o = torch.empty_strided(self.o_shape, self.o_strides, dtype=self.dtype, device=self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         if self.launch is not None:
             if self.to_4d:
@@ -941,10 +963,11 @@ class _BackwardPlan:
         self.to_4d = q.dim() > 4
         self.lse_contiguous = lse.is_contiguous()  # flat (batch * heads * N_q) indexing
         self.launches = None
+        self.grad_strides = tuple(_dense_strides_like(t) for t in (q, k, v))  # each gradient laid out like its input
         if q.numel() == 0:
             return
         q4, k4, v4, o4, do4 = (_as_4d(t) for t in (q, k, v, o, grad_o))
-        dq_s, dk_s, dv_s = (_meta_4d_strides(shape) for shape in (q.shape, k.shape, v.shape))
+        dq_s, dk_s, dv_s = (_meta_4d_strides(t.shape, st) for t, st in zip((q, k, v), self.grad_strides))
         batch, heads, n_q, _ = q4.shape
         n_k = k4.shape[2]
         common = dict(HEAD_DIM=d, BLOCK_D=_block_d(d))
@@ -985,9 +1008,8 @@ class _BackwardPlan:
         self.launches = (dq, dkdv)  # dQ first: it computes D, which dK/dV reads
 
     def __call__(self, q, k, v, o, lse, grad_o):
-        dq = torch.empty(self.q_shape, dtype=self.dtype, device=self.device)
-        dk = torch.empty(self.k_shape, dtype=self.dtype, device=self.device)
-        dv = torch.empty(self.v_shape, dtype=self.dtype, device=self.device)
+        dq, dk, dv = (torch.empty_strided(shape, strides, dtype=self.dtype, device=self.device)
+                      for shape, strides in zip((self.q_shape, self.k_shape, self.v_shape), self.grad_strides))
         if self.launches is None:
             return dq, dk, dv
         delta = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
