@@ -144,3 +144,89 @@ def _blocking_unit(units_by_rank, queues, rank, unit_index) -> str:
             head = units_by_rank[rank][q[0]]
             return head[0].describe(rank) if len(head) == 1 else f"a batch of {len(head)} on rank {rank}"
     return "nothing"
+
+
+# ---------------------------------------------------------------------------------------
+# Recording a rank's calls
+# ---------------------------------------------------------------------------------------
+
+_NAMES = ("isend", "irecv", "send", "recv", "batch_isend_irecv")
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def _peer(args, kwargs, group, name: str):
+    """The global rank a call sends to or receives from."""
+    import torch.distributed as dist
+
+    key = "dst" if name in ("isend", "send") else "src"
+    if len(args) > 0 and args[0] is not None:
+        return args[0]
+    if kwargs.get(key) is not None:
+        return kwargs[key]
+    group_peer = kwargs.get(f"group_{key}")
+    return dist.get_global_rank(group, group_peer) if group_peer is not None and group is not None else group_peer
+
+
+class P2PLog:
+    """Logs every message a rank sends or receives while the block runs.
+
+    ``log``: (kind, peer, bytes) per message.  ``units``: the calls as NCCL would run them
+    (``conformance.laws.p2p_hang``): one unit per unbatched call, one per batch.
+    The wrappers replace the functions on ``torch.distributed`` and on its
+    ``distributed_c10d`` module alike: ``P2POp`` accepts only the functions that module
+    holds, so an implementation that builds ``P2POp(dist.isend, ...)`` under the probe must
+    find the same wrapper in both.  ``batch_isend_irecv`` logs its ops and calls the ops'
+    functions itself; those inner calls are not logged again."""
+
+    def __init__(self):
+        self.log = []  # ("send"|"recv", peer, nbytes)
+        self.units = []  # tuples of p2p_hang.Op
+
+    def __enter__(self):
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        self._modules = (dist, c10d)
+        self._saved = [(m, n, getattr(m, n)) for m in self._modules for n in _NAMES if hasattr(m, n)]
+        orig = {n: getattr(dist, n) for n in _NAMES}
+        depth = [0]
+
+        def wrap(name, kind):
+            def call(tensor, *args, **kwargs):
+                if depth[0] == 0:
+                    group = kwargs.get("group", args[1] if len(args) > 1 else None)
+                    peer = _peer(args, kwargs, group, name)
+                    self.log.append((kind, peer, _nbytes(tensor)))
+                    self.units.append((Op(kind, peer, group_name(group), False),))
+                return orig[name](tensor, *args, **kwargs)
+
+            call.__name__ = name
+            return call
+
+        def batch(ops):
+            unit = []
+            for op in ops:
+                fname = getattr(op.op, "__name__", "")
+                kind = "send" if "send" in fname else "recv"
+                self.log.append((kind, op.peer, _nbytes(op.tensor)))
+                unit.append(Op(kind, op.peer, group_name(op.group), True))
+            self.units.append(tuple(unit))
+            depth[0] += 1
+            try:
+                return orig["batch_isend_irecv"](ops)
+            finally:
+                depth[0] -= 1
+
+        wrappers = {n: wrap(n, k) for n, k in (("isend", "send"), ("send", "send"), ("irecv", "recv"), ("recv", "recv"))}
+        wrappers["batch_isend_irecv"] = batch
+        for m in self._modules:
+            for n, f in wrappers.items():
+                setattr(m, n, f)
+        return self
+
+    def __exit__(self, *exc):
+        for m, n, f in self._saved:
+            setattr(m, n, f)

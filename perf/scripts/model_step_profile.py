@@ -37,7 +37,7 @@ def step_fn(model, opt, batch):
 
 def profile_backend(backend: str, size: str, batch: int, context: int, steps: int) -> dict:
     torch.manual_seed(0)
-    model = make_gpt(size, device=torch.device("cuda"), attention=backend)
+    model = make_gpt(size, device=torch.device("cuda"), attention=backend, context_length=max(context, SIZES[size].context_length))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     data = tuple(random_batch(model.cfg, batch, context, device=torch.device("cuda")))
     step = step_fn(model, opt, data)
