@@ -56,6 +56,10 @@ def test_gpt_cut_into_stages_matches_the_dense_gpt_with_ignored_targets(target, 
     check_law(_law("gpt_stages_match_the_dense_gpt_with_ignored_targets"), target.spec, device, max_examples=examples(6))
 
 
+def test_a_steps_point_to_point_calls_would_complete_under_nccls_rules(target, device):
+    check_law(_law("point_to_point_calls_cannot_hang_on_nccl"), target.spec, device, max_examples=examples(6))
+
+
 # --- our implementation's own properties -------------------------------------------------
 
 

@@ -102,6 +102,8 @@ afab_odd_stages_reverse_forwards_target = _schedule_target(bad_afab=afab_odd_sta
 
 
 # --- broken executors: impl's loop (impl.pipeline.executor.run_actions) with one change -------
+# (and one difference they all share: activations and gradients go over the one ``group``,
+# where impl opens a process group for each direction)
 
 
 def _executor_target(bug: str):
@@ -164,6 +166,7 @@ def _executor_target(bug: str):
     return SimpleNamespace(get_pipeline_schedule=get_pipeline_schedule, pipeline_train_step=pipeline_train_step)
 
 
+one_group_for_both_directions = _executor_target("none")  # every copy above shares this one: no second bug
 loss_scaled_twice = _executor_target("loss_scaled_twice")
 keeps_last_activations_only = _executor_target("keeps_last_activations_only")
 grads_zeroed_each_step = _executor_target("grads_zeroed_each_step")
@@ -186,6 +189,9 @@ MUTANTS = (
            ("every_microbatch_gets_one_forward_and_one_backward_per_stage",), _M + "cool_down_one_short_target"),
     Mutant("afab_odd_stages_reverse_forwards", CAPABILITY, "AFAB with odd stages running forwards in reverse micro-batch order",
            ("idle_fraction_is_p_minus_1_over_m_plus_p_minus_1",), _M + "afab_odd_stages_reverse_forwards_target"),
+    Mutant("one_group_for_both_directions", CAPABILITY,
+           "activations and gradients sent on one process group: 1F1B's steady state deadlocks on NCCL",
+           ("point_to_point_calls_cannot_hang_on_nccl",), _M + "one_group_for_both_directions"),
     Mutant("loss_scaled_twice", CAPABILITY, "each micro-batch loss divided by the global count and again by m",
            (PARITY,), _M + "loss_scaled_twice"),
     Mutant("keeps_last_activations_only", CAPABILITY, "a stage keeps only its last micro-batch's activations for backward",

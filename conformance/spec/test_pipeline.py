@@ -4,7 +4,8 @@ No course handout defines pipeline parallelism, so there are no CS336 contract c
 fixed cases below pin the issue's contract at chosen sizes: the schedule laws at named
 (p, m) pairs (m < p among them), the bubble table for p = 2, m = 1..16, the warm-up of
 1F1B, and parity with the dense model on 1, 2 and 4 ranks for an MLP stack and the
-GPT-style model.  Batches divide evenly by m except in the one case named "uneven".
+GPT-style model; and 1F1B and AFAB steps whose point-to-point calls cannot hang on NCCL
+(W 2 and 3).  Batches divide evenly by m except in the one case named "uneven".
 """
 
 
@@ -84,3 +85,9 @@ def test_uneven_microbatches_match_the_dense_model(target):
 
 def test_gradient_accumulation_over_two_steps_matches_one_dense_step(target):
     checks.check_parity(target.spec, PipelineCase(2, "mlp", 4, 3, 8, 2, seed=21, steps=2))
+
+
+@pytest.mark.parametrize("w, m", [(2, 4), (3, 3)])
+def test_point_to_point_calls_cannot_hang_on_nccl(w, m, target):
+    checks.check_no_nccl_hang(target.spec, PipelineCase(w, "mlp", w + 1, 3, 2 * m, m, seed=22))
+

@@ -28,9 +28,9 @@ Contract
     return.  NCCL ignores tags and serialises the sends and receives of one pair of
     ranks on one stream, where a send may wait for its receive: 1F1B's steady state
     (stage s sends an activation, then waits for a gradient that stage s + 1 sends
-    before it receives that activation) would deadlock.  So under NCCL, activations and
-    gradients travel on two process groups of their own (created once per group, on
-    first use, by every rank of the world), each carrying one direction per pair of
+    before it receives that activation) would deadlock.  So activations and gradients
+    travel on two process groups of their own (on every backend; created once per group,
+    on first use, by the group's ranks), each carrying one direction per pair of
     neighbours in the order both sides issue it (micro-batch order).  A stage keeps, per micro-batch in flight, its input and its output (the
     autograd graph between them) until that micro-batch's backward; at most
     ``max_in_flight`` of them at once (recorded on the returned ``StepStats`` of
@@ -69,14 +69,18 @@ _CHANNELS: dict = {}
 
 
 def _channels(group):
-    """(activation group, gradient group): the group itself on gloo; two groups over the
-    same ranks on NCCL (see the module docstring)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_backend(group) != "nccl":
+    """(activation group, gradient group): two process groups over the group's ranks, on
+    every backend (see the module docstring: NCCL needs them; on gloo they keep the calls
+    the same, so CPU ranks check the calls GPUs make).  Made once per group by its members
+    only (``use_local_synchronization``), so pipelines over different subgroups of the world
+    (a composed mesh) make theirs at the same time."""
+    if not (dist.is_available() and dist.is_initialized()):
         return group, group
-    key = id(group) if group is not None else None
+    world = dist.group.WORLD if group is None else group
+    ranks = tuple(dist.get_process_group_ranks(world))
+    key = (getattr(world, "group_name", None), ranks)  # not id(): a freed group's id is reused
     if key not in _CHANNELS:
-        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-        _CHANNELS[key] = (dist.new_group(ranks), dist.new_group(ranks))
+        _CHANNELS[key] = tuple(dist.new_group(list(ranks), use_local_synchronization=True) for _ in range(2))
     return _CHANNELS[key]
 
 

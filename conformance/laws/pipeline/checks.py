@@ -21,8 +21,9 @@ import torch
 
 from conformance import oracle
 from conformance.harness import resolve_device, run_on_ranks
+from conformance.laws.p2p_hang import first_hang
 from conformance.laws.pipeline import reference
-from conformance.laws.pipeline.rank import rank_pipeline_grads
+from conformance.laws.pipeline.rank import rank_pipeline_grads, rank_pipeline_units
 from conformance.laws.pipeline.simulate import in_flight_peak, simulate
 from conformance.target import load_target
 
@@ -184,3 +185,16 @@ def check_parity(subject, case, names=("afab", "1f1b"), device=None) -> None:
             for r, per_rank in enumerate(results):
                 for pname, grad in per_rank[names[0]]["grads"].items():
                     oracle.assert_bitwise_equal(f"{names[0]} vs {names[1]}: stage {r} grad {pname}", grad, per_rank[names[1]]["grads"][pname])
+
+
+def check_no_nccl_hang(subject, case, names=("afab", "1f1b"), device=None) -> None:
+    """Played forward under NCCL's rules (``conformance.laws.p2p_hang``), every stage's
+    point-to-point calls of one step complete, under each schedule: the calls as recorded
+    here, on the ranks at hand (gloo buffers messages that NCCL makes wait for their
+    receive; 1F1B's activations and gradients on one communicator deadlock there)."""
+    results = run_on_ranks(rank_pipeline_units, case.world_size, subject, case, names, timeout=CASE_TIMEOUT_S,
+                           device=device)
+    for name in names:
+        why = first_hang({r: per_rank[name] for r, per_rank in enumerate(results)})
+        assert why is None, f"{name} W={case.world_size} m={case.n_microbatches}: {why}"
+

@@ -8,7 +8,9 @@ A target offers
 
 Capability "pipeline parallelism".  There is no course handout for it: the contract tier
 is the issue's list (schedule laws, parity with the dense model, m < p); the extras are
-gradient accumulation across steps and GPT-style transformer stages with ignore_index.
+gradient accumulation across steps, GPT-style transformer stages with ignore_index, and
+point-to-point calls that cannot hang on NCCL (``conformance.laws.p2p_hang``: gloo buffers
+what NCCL makes wait, so CPU ranks alone would pass a 1F1B that deadlocks on GPUs).
 
 ``check_law(law, subject, device, max_examples=None, **settings)`` runs one law under
 Hypothesis.  A case the target declines (a verdict such as ``NotOffered``: torch's 1F1B
@@ -66,6 +68,11 @@ LAWS = (
     Law("gpt_stages_match_the_dense_gpt_with_ignored_targets", CAPABILITY, API,
         cases=lambda device=None: pipeline_cases(device, model="gpt", max_microbatches=4), check=_gpt,
         needs=("ranks",), extra="GPT-style transformer stages, ignore_index"),
+    Law("point_to_point_calls_cannot_hang_on_nccl", CAPABILITY, API,
+        # two stages and two micro-batches at least: where 1F1B has a steady state to deadlock in
+        cases=lambda device=None: pipeline_cases(device, max_microbatches=4, min_world_size=2, min_microbatches=2),
+        check=lambda subject, case: checks.check_no_nccl_hang(subject, case), needs=("ranks",),
+        extra="NCCL-safe exchanges"),
 )
 LAWS_BY_NAME = by_name(LAWS)
 DISTRIBUTED = {law.name for law in LAWS if law.needs}

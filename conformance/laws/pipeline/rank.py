@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from conformance.laws.p2p_hang import P2PLog
 from conformance.laws.pipeline import model as models
 from conformance.target import load_target
 
@@ -43,3 +44,22 @@ def rank_pipeline_grads(ctx, target_spec: str, case, schedule_names=("afab", "1f
         grads = {f"{start + i}.{n}": (p.grad.detach().clone() if p.grad is not None else None) for i, layer in enumerate(layers[start:stop]) for n, p in layer.named_parameters()}
         results[name] = {"grads": grads, "losses": losses}
     return results
+
+
+def rank_pipeline_units(ctx, target_spec: str, case, schedule_names=("afab", "1f1b")):
+    """Per schedule: this rank's point-to-point calls in one pipeline step, as NCCL would
+    run them (``conformance.laws.p2p_hang``: one unit per unbatched call or batch)."""
+    target = load_target(target_spec)
+    step = target.factory("pipeline_train_step")
+    start, stop = stage_bounds(case.n_layers, ctx.world_size)[ctx.rank]
+    first, last = ctx.rank == 0, ctx.rank == ctx.world_size - 1
+    units = {}
+    for name in schedule_names:
+        layers, inputs, targets, loss_fn, count = models.build(case, torch.float32, ctx.device)
+        stage = nn.Sequential(*layers[start:stop])
+        with P2PLog() as probe:
+            step(stage, name, inputs if first else None, targets if last else None, loss_fn, case.n_microbatches,
+                 normalizer=count)
+        units[name] = probe.units
+    return units
+

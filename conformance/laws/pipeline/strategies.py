@@ -59,12 +59,13 @@ def world_sizes(device, low: int = 1) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def pipeline_cases(draw, device, model: str = "mlp", max_microbatches: int = 6, steps=(1, 1), min_world_size: int = 1):
+def pipeline_cases(draw, device, model: str = "mlp", max_microbatches: int = 6, steps=(1, 1), min_world_size: int = 1,
+                   min_microbatches: int = 1):
     """A stack of W..W+3 layers on W ranks; a batch of m..m+5 rows (uneven micro-batches
     most of the time); ``steps`` accumulation steps, each with its own m-way split."""
     w = draw(world_sizes(device, min_world_size))
     n_steps = draw(st.integers(*steps))
-    m = draw(st.integers(1, max_microbatches))
+    m = draw(st.integers(min_microbatches, max_microbatches))
     extra_layers = draw(st.integers(0, 3))
     n_layers = w + extra_layers if model == "mlp" else max(w, 3) + extra_layers  # gpt: embeddings, >= 1 block, head
     return PipelineCase(
