@@ -21,7 +21,10 @@ DEFAULT_EXAMPLES = 40  # enough that each bug's triggering shapes are drawn
 # Every example of this law already runs one neighbour of each kind (causal flag, layout,
 # key length, dtype, scale): its bugs show in any example, and under the interpreter each
 # example costs about five calls forward and backward.
-FEWER_EXAMPLES = {"results_do_not_depend_on_earlier_calls": 12}
+# The long bf16 contract law (check_law caps it at 3 examples: thousands of keys, seconds
+# each in the PyTorch flavour): its mutant (bf16 accumulators) fails at the first example.
+FEWER_EXAMPLES = {"results_do_not_depend_on_earlier_calls": 12,
+                  "contract_long_sequences_in_bf16_match_float64_reference": 1}
 
 
 def mutant_examples(law_name: str) -> int:
