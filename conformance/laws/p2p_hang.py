@@ -179,7 +179,8 @@ class P2PLog:
     ``distributed_c10d`` module alike: ``P2POp`` accepts only the functions that module
     holds, so an implementation that builds ``P2POp(dist.isend, ...)`` under the probe must
     find the same wrapper in both.  ``batch_isend_irecv`` logs its ops and calls the ops'
-    functions itself; those inner calls are not logged again."""
+    functions itself, and a blocking ``recv`` may call ``irecv``: calls made inside a logged
+    call are not logged again."""
 
     def __init__(self):
         self.log = []  # ("send"|"recv", peer, nbytes)
@@ -201,7 +202,11 @@ class P2PLog:
                     peer = _peer(args, kwargs, group, name)
                     self.log.append((kind, peer, _nbytes(tensor)))
                     self.units.append((Op(kind, peer, group_name(group), False),))
-                return orig[name](tensor, *args, **kwargs)
+                depth[0] += 1  # a call made inside this one (recv calling irecv) is this one
+                try:
+                    return orig[name](tensor, *args, **kwargs)
+                finally:
+                    depth[0] -= 1
 
             call.__name__ = name
             return call

@@ -65,3 +65,36 @@ def test_an_unbatched_send_never_meets_a_batched_receive():
 def test_message_order_pairs_the_kth_send_with_the_kth_receive():
     # rank 1 receives from 0 twice, then sends back: completes in order
     assert first_hang({0: [(send(1),), (send(1),), (recv(1),)], 1: [(recv(0),), (recv(0),), (send(0),)]}) is None
+
+
+# --- the recorder ----------------------------------------------------------------------------
+
+
+def rank_blocking_exchange(ctx):
+    """Rank 0 sends one tensor with dist.send, rank 1 takes it with dist.recv, under P2PLog."""
+    import torch
+    import torch.distributed as dist
+
+    from conformance.laws.p2p_hang import P2PLog
+
+    t = torch.arange(4.0)
+    with P2PLog() as probe:
+        if ctx.rank == 0:
+            dist.send(t, 1)
+        else:
+            dist.recv(t, 0)
+    return [[(op.kind, op.peer, op.batched) for op in unit] for unit in probe.units]
+
+
+def test_a_blocking_recv_is_recorded_once_though_it_calls_irecv():
+    """torch's ``recv`` may call ``irecv`` on the module the recorder wraps: one call, one
+    unit (counted twice, every blocking receive looked like a receive with no send)."""
+    import pytest
+
+    from conformance.harness import require_world_size, run_on_ranks
+
+    pytest.importorskip("torch.distributed")
+    require_world_size(2)
+    sender, receiver = run_on_ranks(rank_blocking_exchange, 2, timeout=120)
+    assert sender == [[("send", 1, False)]] and receiver == [[("recv", 0, False)]], (sender, receiver)
+    assert first_hang({0: [(send(1),)], 1: [(recv(0),)]}) is None
