@@ -28,8 +28,16 @@ Contract
     Backward: a dQ kernel (one program per query tile and batch-head, looping over key
     tiles) that first computes and stores D_i = rowsum(dO_i * O_i); then a dK/dV kernel
     (one program per key tile and batch-head, looping over query tiles, from the diagonal
-    on under causal) that reads D.
-    P = exp(S - L) is recomputed; no atomics; N_q x N_k is never materialised.
+    on under causal) that reads D.  P = exp(S - L) is recomputed; N_q x N_k is never
+    materialised; no atomics, so dQ, dK, dV are the same bits on every call.
+    One-pass backward (BackwardConfig.dq_atomic; the table's choice for d=64 on grids of up
+    to two waves): a kernel stores D and zeroes a float32 dQ; the dK/dV kernel also adds
+    each key tile's dS K into it with atomic adds (their order varies on a GPU: dQ may
+    differ in its last bits between calls); a last kernel scales and casts dQ.  Never
+    taken by the table under torch.use_deterministic_algorithms(True) (see _one_pass).
+    Split-KV forward (ForwardConfig.split_keys; the table's choice on small grids): each
+    program covers one range of keys and stores its unnormalised O, running max and sum in
+    float32; a combine kernel merges them.
     Scores s = Q K^T come out bit-identical in the forward and both backward kernels, and
     the kernels compile without fused multiply-add, so the backward's exp(scale s - L) is
     exactly 1 where a row sees one key (see _scores and _launch).
@@ -51,8 +59,8 @@ Contract
 Host path: a plan per call signature (shapes, strides, dtypes, devices, 16-byte alignment,
 is_causal, scale) holds the checked scale, the config and each kernel launch with its
 strides fixed; inputs are validated when their plan is made, and launches go to Triton's
-C launcher directly (impl/attention/triton_launch.py).  Two launches a backward, one a
-forward.
+C launcher directly (impl/attention/triton_launch.py).  Two launches a backward (three in
+one pass), one a forward (two split).
 
 Every key loop runs in stages: key tiles that no row of the query tile masks run without
 any masking work; only the tiles that straddle the causal diagonal or the end of the
@@ -655,8 +663,8 @@ _GPU_BWD_NON_CAUSAL = {
 # backward 5 to 23 % faster up to one wave, up to 13 % slower beyond; the d=64 non-causal
 # backward without tensor descriptors 4 to 13 % faster up to half a wave.  64-row forward
 # tiles were 10 to 17 % faster with the inputs in L2 but 15 to 25 % slower in the sweep,
-# which empties L2 before each call (twice the programs read K and V from memory): no
-# small-grid forward entry.
+# which empties L2 before each call (twice the programs read K and V from memory): smaller
+# tiles alone are no small-grid forward (the split-KV entries below are).
 #
 # The one-pass backward (dq_atomic) at d=64 under causal masking, measured on an H100 at 1, 2
 # and 4 heads, N 1024 to 65536 (perf/results/2026-11-26-h100-one-pass/waves): up to one wave
@@ -949,7 +957,7 @@ class _ForwardPlan:
 
 
 class _BackwardPlan:
-    """The backward's two launches for one signature of (q, k, v, o, lse, dO)."""
+    """The backward's launches (two, or three in one pass) for one signature of (q, k, v, o, lse, dO)."""
 
     def __init__(self, q, k, v, o, lse, grad_o, is_causal: bool, scale: float, config=None):
         d = q.shape[-1]
