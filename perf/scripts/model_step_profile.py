@@ -59,9 +59,13 @@ def profile_backend(backend: str, size: str, batch: int, context: int, steps: in
         if e.device_type == torch.autograd.DeviceType.CUDA:
             kernels[e.name] += 1
             gpu_us[e.name] += e.device_time
+    # Host time by operator (CPU total, per step): where the issue time goes
+    cpu = sorted(((e.key, e.count / steps, e.cpu_time_total / steps, e.self_cpu_time_total / steps)
+                  for e in prof.key_averages()), key=lambda r: -r[2])[:40]
     return dict(host_ms_per_step=host * 1e3, wall_ms_per_step=wall * 1e3,
                 kernels_per_step=sum(kernels.values()) / steps,
-                kernels={k: dict(count=c / steps, gpu_us=gpu_us[k] / steps) for k, c in kernels.items()})
+                kernels={k: dict(count=c / steps, gpu_us=gpu_us[k] / steps) for k, c in kernels.items()},
+                cpu_ops=[dict(name=n, count=c, cpu_us=t, self_cpu_us=st) for n, c, t, st in cpu])
 
 
 def main():
@@ -93,6 +97,11 @@ def main():
         lines += ["", "| kernel | count/step (triton - sdpa) | GPU us/step (triton - sdpa) |", "|---|---:|---:|"]
         for du, dc, n in sorted(diff, key=lambda x: -abs(x[0]))[:25]:
             lines.append(f"| {n[:90]} | {dc:+.0f} | {du:+.0f} |")
+        for b, r in res.items():
+            lines += ["", f"Host time by operator, {b} (per step, CPU total including children):", "",
+                      "| operator | calls | CPU us | self CPU us |", "|---|---:|---:|---:|"]
+            lines += [f"| {o['name'][:80]} | {o['count']:.0f} | {o['cpu_us']:.0f} | {o['self_cpu_us']:.0f} |"
+                      for o in r["cpu_ops"][:25]]
         lines.append("")
     (out / "model_step_profile.json").write_text(json.dumps(report, indent=1))
     (out / "model_step_profile.md").write_text("\n".join(lines) + "\n")
