@@ -29,9 +29,10 @@ Contract
     ranks on one stream, where a send may wait for its receive: 1F1B's steady state
     (stage s sends an activation, then waits for a gradient that stage s + 1 sends
     before it receives that activation) would deadlock.  So activations and gradients
-    travel on two process groups of their own (on every backend; created once per group,
-    on first use, by the group's ranks), each carrying one direction per pair of
-    neighbours in the order both sides issue it (micro-batch order).  A stage keeps, per micro-batch in flight, its input and its output (the
+    travel on two process groups of their own (created once per group, on first use: on
+    every backend for a pipeline over the world, on NCCL for one over a subgroup; see
+    ``_channels``), each carrying one direction per pair of neighbours in the order both
+    sides issue it (micro-batch order).  A stage keeps, per micro-batch in flight, its input and its output (the
     autograd graph between them) until that micro-batch's backward; at most
     ``max_in_flight`` of them at once (recorded on the returned ``StepStats`` of
     ``run_actions``).
@@ -69,18 +70,25 @@ _CHANNELS: dict = {}
 
 
 def _channels(group):
-    """(activation group, gradient group): two process groups over the group's ranks, on
-    every backend (see the module docstring: NCCL needs them; on gloo they keep the calls
-    the same, so CPU ranks check the calls GPUs make).  Made once per group by its members
-    only (``use_local_synchronization``), so pipelines over different subgroups of the world
-    (a composed mesh) make theirs at the same time."""
+    """(activation group, gradient group): two process groups over the group's ranks.
+
+    A pipeline over the whole world gets them on every backend (NCCL needs them, see the
+    module docstring; on gloo they keep the calls the same, so CPU ranks check the calls GPUs
+    make), made once by every rank (``new_group`` is collective over the world).  A pipeline
+    over a subgroup (a composed mesh) cannot make groups here without the other ranks of
+    the world: on gloo it keeps its one group; on NCCL its members make the two, which
+    ``new_group`` allows only where every rank of the world makes the same groups in the
+    same order (not yet run on more than two GPUs, where a mesh's pipelines are subgroups)."""
     if not (dist.is_available() and dist.is_initialized()):
+        return group, group
+    whole_world = group is None or dist.get_world_size(group) == dist.get_world_size()
+    if not whole_world and dist.get_backend(group) != "nccl":
         return group, group
     world = dist.group.WORLD if group is None else group
     ranks = tuple(dist.get_process_group_ranks(world))
     key = (getattr(world, "group_name", None), ranks)  # not id(): a freed group's id is reused
     if key not in _CHANNELS:
-        _CHANNELS[key] = tuple(dist.new_group(list(ranks), use_local_synchronization=True) for _ in range(2))
+        _CHANNELS[key] = (dist.new_group(list(ranks)), dist.new_group(list(ranks)))
     return _CHANNELS[key]
 
 

@@ -53,7 +53,13 @@ def check_matches_single_process(case: TrainingCase, result: dict, device: torch
     bf16 autocast the optimizer turns bf16-sized gradient noise into parameter noise
     that no float32 yardstick bounds (Adam divides by sqrt(v)); there the gradients of
     every step, which the optimizer's own arithmetic maps to the parameters, are the
-    check, and the parameters' bit-identity across replicas is checked exactly.
+    check, and the parameters' bit-identity across replicas is checked exactly.  The same
+    holds for Adam in float32 wherever a gradient is near zero: its first step moves a
+    parameter by lr g / (|g| + eps), which multiplies a gradient's rounding by up to
+    lr / eps (5 at the cases' lr 0.05, eps 0.01), so a gradient summed over the ranks in
+    another order (within its own bound) moved one parameter by 2.4e-7 against a float32
+    bound of 1.7e-7 (seed 883; found by CI).  The final parameters are judged against the
+    single process under SGD, whose step is linear in the gradient (factor lr).
     """
     grad_dtype = torch.bfloat16 if case.precision == "bf16" else torch.float32
     for s in range(len(case.steps)):
@@ -73,7 +79,7 @@ def check_matches_single_process(case: TrainingCase, result: dict, device: torch
             )
             if not verdict.ok:
                 raise AssertionError(verdict.message())
-    if case.precision != "fp32":
+    if case.precision != "fp32" or case.optimizer != "sgd":
         return
     ref64, eager = reference_run(case, "ref64", device), reference_run(case, "eager", device)
     for name, ref in ref64["final"]["params"].items():
