@@ -82,9 +82,13 @@ def _run(runner, law: str, target_spec: str, flavour: str) -> str | None:
     return runner.rejection(law, target_spec, budget)
 
 
-def _skip_unless_enough_ranks(module: str, what: str) -> None:
+# Mutants that need more ranks than the rest of their module's: mutant name -> ranks.
+MUTANT_RANKS = {"one_group_for_both_directions": 2}  # a deadlock between two pipeline stages
+
+
+def _skip_unless_enough_ranks(module: str, what: str, name: str | None = None) -> None:
     """A bug that needs N ranks to show survives where fewer can run: not run, not failed."""
-    needs = KEPT[module][2]
+    needs = max(KEPT[module][2], MUTANT_RANKS.get(name, 0))
     ranks = pinned_world_size() or max(available_world_sizes(resolve_device()))
     if ranks < needs:
         pytest.skip(f"needs {needs} ranks: {what} cannot show with {ranks} rank(s) here")
@@ -98,7 +102,7 @@ def test_every_kept_mutant_is_rejected_by_each_law_named_for_it(mutant, law):
     module = _module_of(mutant)
     verdict = _run(_runner(module), law, mutant.target, mutant.flavour)
     if verdict is None:
-        _skip_unless_enough_ranks(module, f"mutant {mutant.name!r}")
+        _skip_unless_enough_ranks(module, f"mutant {mutant.name!r}", mutant.name)
     assert verdict is not None, f"mutant {mutant.name!r} ({mutant.bug}) passed the {law} law"
 
 

@@ -26,6 +26,7 @@ from conformance.laws.pipeline import reference
 from conformance.laws.pipeline.rank import rank_pipeline_grads, rank_pipeline_units
 from conformance.laws.pipeline.simulate import in_flight_peak, simulate
 from conformance.target import load_target
+from conformance.verdicts import NeedsHardware
 
 CASE_TIMEOUT_S = 60.0
 
@@ -191,7 +192,10 @@ def check_no_nccl_hang(subject, case, names=("afab", "1f1b"), device=None) -> No
     """Played forward under NCCL's rules (``conformance.laws.p2p_hang``), every stage's
     point-to-point calls of one step complete, under each schedule: the calls as recorded
     here, on the ranks at hand (gloo buffers messages that NCCL makes wait for their
-    receive; 1F1B's activations and gradients on one communicator deadlock there)."""
+    receive; 1F1B's activations and gradients on one communicator deadlock there).  One
+    stage exchanges nothing: where only one rank can run, the law is not run, not passed."""
+    if case.world_size < 2:
+        raise NeedsHardware("needs 2 ranks: a pipeline of one stage sends and receives nothing")
     results = run_on_ranks(rank_pipeline_units, case.world_size, subject, case, names, timeout=CASE_TIMEOUT_S,
                            device=device)
     for name in names:
