@@ -66,3 +66,11 @@ def test_a_delay_before_every_collective_on_one_rank_changes_no_bit(target):
 
 def test_no_sync_micro_batches_then_a_synced_one_match_one_step_on_their_concatenation(target):
     _run("fsdp_no_sync_accumulation_matches", target)
+
+
+def test_gradients_are_reduced_in_fp32_whatever_the_compute_dtype(target):
+    _run("fsdp_gradients_reduced_in_fp32", target)
+
+
+def test_no_unit_but_the_root_stays_gathered_after_backward_or_an_evaluation_forward(target):
+    _run("fsdp_frees_after_backward_and_evaluation", target)

@@ -174,6 +174,41 @@ class HybridReplicasNotReduced(FSDP):
             self.replicate_group = None
 
 
+class ReducesInComputeDtype(FSDP):
+    """Gradients are reduce-scattered in the compute dtype, then stored as fp32."""
+
+    def __init__(self, module, **kw):
+        super().__init__(module, **kw)
+        self.reduce_dtype = self.compute_dtype
+
+
+class FreesOnlyAtFinish(FSDP):
+    """A unit's gathered parameters are freed at on_after_backward, not after its own
+    backward: the whole model is gathered when backward ends."""
+
+    def _free(self, flat):
+        if getattr(self, "_in_backward_hook", False):
+            return
+        super()._free(flat)
+
+    def _on_full_grad(self, flat):
+        self._in_backward_hook = True
+        try:
+            super()._on_full_grad(flat)
+        finally:
+            self._in_backward_hook = False
+
+
+class EvaluationKeepsGathered(FSDP):
+    """SHARD_GRAD_OP keeps units gathered after a forward under torch.no_grad, as if a
+    backward would come to free them."""
+
+    def _post_forward(self, unit, out):
+        if not self.reshard_after_forward and not torch.is_grad_enabled():
+            return None
+        return super()._post_forward(unit, out)
+
+
 class _Target:
     """A target offering one FSDP class through the protocol's names."""
 
@@ -213,6 +248,9 @@ SPECS = (
     ("never_reshard_after_forward", NeverReshardAfterForward, "FULL_SHARD keeps units gathered between forward and backward", ("fsdp_full_shard_frees_after_forward",)),
     ("no_sync_drops_accumulated", NoSyncDropsAccumulated, "the synced backward forgets what no_sync accumulated", ("fsdp_no_sync_accumulation_matches",)),
     ("shard_grad_op_reduces_in_compute_dtype", ShardGradOpReducesInComputeDtype, "SHARD_GRAD_OP reduces in bf16/fp16, FULL_SHARD in fp32", ("fsdp_strategies_give_the_same_bits",)),
+    ("reduces_in_compute_dtype", ReducesInComputeDtype, "gradients reduce-scattered in fp16/bf16, stored as fp32", ("fsdp_gradients_reduced_in_fp32",)),
+    ("frees_only_at_finish", FreesOnlyAtFinish, "units freed at on_after_backward, not after their backward", ("fsdp_frees_after_backward_and_evaluation", "fsdp_strategies_match_one_process")),
+    ("evaluation_keeps_gathered", EvaluationKeepsGathered, "SHARD_GRAD_OP keeps units gathered after a no_grad forward", ("fsdp_strategies_match_one_process",)),
     ("hybrid_replicas_not_reduced", HybridReplicasNotReduced, "HYBRID_SHARD never reduces across replica groups", ("fsdp_strategies_match_one_process",)),
 )
 

@@ -49,9 +49,19 @@ def test_wider_models_match_one_process(target, name):
 def test_strategy_matches_one_process(target, strategy):
     world = 4 if strategy == "HYBRID_SHARD" else 2
     require_world_size(world)
-    laws.strategy_parity_and_memory(target.spec, CS336.with_(strategy=strategy, world_size=world, widths=(16, 24, 16), vocab=20, batch_per_rank=2))
+    laws.strategy_parity_and_memory(target.spec, CS336.with_(strategy=strategy, world_size=world, widths=(16, 24, 16), vocab=20, batch_per_rank=2, eval_forward=True))
 
 
 def test_no_sync_accumulation_matches_one_process(target):
     require_world_size(2)
     laws.trajectory_parity(target.spec, CS336.with_(strategy="FULL_SHARD", micro=3, widths=(16, 24, 16), vocab=20, batch_per_rank=2))
+
+
+def test_toy_model_gradients_are_reduced_in_fp32_under_fp16_compute(target):
+    require_world_size(2)
+    laws.reduces_in_fp32(target.spec, CS336.with_(compute="fp16"))
+
+
+def test_toy_model_frees_after_backward_and_after_an_evaluation_forward(target):
+    require_world_size(2)
+    laws.frees_after_backward(target.spec, CS336.with_(eval_forward=True))

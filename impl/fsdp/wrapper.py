@@ -308,7 +308,7 @@ class FSDP(nn.Module):
         for unit in self._units:
             if unit.is_root or not unit.flats:
                 continue
-            unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._pre_forward(u))
+            unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._pre_forward(u, a))
             unit.module.register_forward_hook(lambda m, a, out, u=unit: self._post_forward(u, out))
         for _, p in self._replicated:
             p.register_post_accumulate_grad_hook(self._on_replicated_grad)
@@ -385,11 +385,22 @@ class FSDP(nn.Module):
                 self._free(flat)
         return out
 
-    def _pre_forward(self, unit: _Unit) -> None:
+    def _pre_forward(self, unit: _Unit, args: tuple):
         if not self._order_frozen and unit not in self._forward_order:
             self._forward_order.append(unit)
         self._gather(unit, set_views=True)
         self._prefetch(unit, +1)
+        if torch.is_grad_enabled() and any(not f.trainable for f in unit.flats):
+            # Frozen matrices have no gradient hook to free them after the unit's backward:
+            # an identity on the unit's inputs whose backward runs once that backward is done.
+            grads = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+            if grads:
+                passed = _AfterBackward.apply(lambda u=unit: self._post_backward(u), *(args[i] for i in grads))
+                args = list(args)
+                for i, t in zip(grads, passed):
+                    args[i] = t
+                return tuple(args)
+        return None
 
     def _post_forward(self, unit: _Unit, out):
         needs_backward = torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(out))
@@ -407,6 +418,11 @@ class FSDP(nn.Module):
     def _pre_backward(self, unit: _Unit) -> None:
         self._gather(unit, set_views=False)
         self._prefetch(unit, -1)
+
+    def _post_backward(self, unit: _Unit) -> None:
+        for flat in unit.flats:
+            if not flat.trainable and (flat.gathered or flat.pending is not None):
+                self._free(flat)
 
     def _on_full_grad(self, flat: _Flat) -> None:
         grad = flat.full.grad
@@ -494,6 +510,20 @@ class FSDP(nn.Module):
             for f in u.flats
             if f.trainable
         ]
+
+
+class _AfterBackward(torch.autograd.Function):
+    """Identity on a unit's inputs; its backward (after the unit's own) calls ``callback``."""
+
+    @staticmethod
+    def forward(ctx, callback, *tensors):
+        ctx.callback = callback
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.callback()
+        return (None, *grads)
 
 
 def _tensors(obj):

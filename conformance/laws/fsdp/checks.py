@@ -149,9 +149,9 @@ def check_replicated(case: FSDPCase, results: list[dict]) -> None:
                 oracle.assert_bitwise_equal(f"step {s}: gradient of replicated {name}, rank {r} vs rank 0", other[name], g)
 
 
-def check_memory(case: FSDPCase, results: list[dict], after_forward: bool = False) -> None:
-    """At rest no full parameter is held; bytes at most total / S plus the largest parameter."""
-    check_something_sharded(case, results)
+def _rest_bound(case: FSDPCase) -> tuple[float, int]:
+    """Bytes a rank may hold at rest (its shards, their gradients and optimizer state, one
+    largest parameter, the replicated and frozen ones), and the number of sharded elements."""
     S = shard_size(case)
     _, trainable, frozen, replicated = _unique_matrices(case)
     K = optimizer_state_bytes_per_element(case)
@@ -161,6 +161,19 @@ def check_memory(case: FSDPCase, results: list[dict], after_forward: bool = Fals
     # per parameter: a step counter, and a rank's shard of a flat buffer rounds up by one element
     slack = SLACK_BYTES + n_params * (16 + 2 * (8 + K))
     rest = (8 + K) * (n_sharded / S + largest + sum(p.numel() for p in replicated)) + 4 * sum(p.numel() for p in frozen) + slack
+    return rest, n_sharded
+
+
+def check_memory(case: FSDPCase, results: list[dict], after_forward: bool = False) -> None:
+    """At rest no full parameter is held; bytes at most total / S plus the largest parameter."""
+    check_something_sharded(case, results)
+    S = shard_size(case)
+    _, trainable, frozen, replicated = _unique_matrices(case)
+    K = optimizer_state_bytes_per_element(case)
+    largest = max([p.numel() for p in trainable + frozen] or [0])
+    n_params = len(trainable) + len(frozen) + len(replicated)
+    slack = SLACK_BYTES + n_params * (16 + 2 * (8 + K))
+    rest, n_sharded = _rest_bound(case)
     fwd = (4 + K) * n_sharded / S + 8 * largest + (8 + K) * sum(p.numel() for p in replicated) + 4 * sum(p.numel() for p in frozen) + slack
     for r, res in enumerate(results):
         for s, rec in enumerate(res["steps"]):
@@ -174,3 +187,59 @@ def check_memory(case: FSDPCase, results: list[dict], after_forward: bool = Fals
                     raise AssertionError(f"step {s} rank {r}: after forward full parameters are still held: {rec['full_attrs_after_forward']}")
                 if rec["bytes_after_forward"] > fwd:
                     raise AssertionError(f"step {s} rank {r}: {rec['bytes_after_forward']} bytes reachable after forward, bound {fwd:.0f}")
+
+
+REDUCTIONS = ("reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter", "all_reduce")
+
+
+def check_reduction_dtype(case: FSDPCase, results: list[dict]) -> None:
+    """Gradients are reduced in fp32 whatever the compute dtype (the API's default
+    ``reduce_dtype``): a sum over ranks in fp16/bf16 rounds every gradient once more, an
+    error the oracle's compute-dtype bound cannot tell from the compute's own."""
+    for r, res in enumerate(results):
+        reductions = [(n, phase, d) for n, phase, d in res["collectives"] if n in REDUCTIONS and phase in ("backward", "after_backward")]
+        wrong = [(n, d) for n, _, d in reductions if d != "float32"]
+        if wrong:
+            raise AssertionError(
+                f"rank {r}: gradients reduced in {sorted({d for _, d in wrong})} ({wrong[:3]}) with compute dtype "
+                f"{case.compute or 'fp32'}; expected float32 (cast the gradient to fp32 before the reduce-scatter / all-reduce)")
+        if case.world_size > 1 and not reductions:
+            raise AssertionError(f"rank {r}: no gradient reduction was seen in backward or on_after_backward at W={case.world_size}")
+
+
+def check_frees_after_backward(case: FSDPCase, results: list[dict]) -> None:
+    """When loss.backward() returns, every unit's backward has run: no unit but the root
+    still holds its gathered parameters (each is freed after its own backward, not all at
+    on_after_backward, which would hold the whole model at the end of backward)."""
+    check_something_sharded(case, results)
+    if shard_size(case) == 1:
+        return
+    rest, n_sharded = _rest_bound(case)
+    # Reductions may still be in flight (waited for in on_after_backward): their inputs, at
+    # most one full fp32 gradient, are allowed on top of the rest; gathered parameters are not.
+    bound = rest + 4 * n_sharded
+    for r, res in enumerate(results):
+        for s, rec in enumerate(res["steps"]):
+            held_bytes = rec.get("bytes_after_loss_backward", 0)
+            if held_bytes > bound:
+                raise AssertionError(f"step {s} rank {r}: {held_bytes} bytes reachable when loss.backward() returned, bound {bound:.0f} "
+                                     f"(at rest plus one full fp32 gradient for reductions in flight): are units kept gathered "
+                                     f"after their backward?")
+            held = rec.get("full_attrs_after_loss_backward")
+            if held:
+                raise AssertionError(f"step {s} rank {r}: when loss.backward() returned, full parameters were still held: {held} "
+                                     f"(free each unit's gathered parameters after its backward)")
+
+
+def check_frees_after_no_grad_forward(case: FSDPCase, results: list[dict]) -> None:
+    """A forward under torch.no_grad (an evaluation) leaves no unit but the root gathered,
+    whatever the strategy: no backward will come to free it (cases with ``eval_forward``)."""
+    if shard_size(case) == 1 or not case.eval_forward:
+        return
+    for r, res in enumerate(results):
+        held = res.get("full_attrs_after_no_grad_forward")
+        if held is None:
+            raise AssertionError(f"rank {r}: the evaluation forward was not run (the case asks for it)")
+        if held:
+            raise AssertionError(f"rank {r}: after a forward under torch.no_grad full parameters are still held: {held} "
+                                 f"(strategy {case.strategy or 'get_fsdp'}); no backward will free them")

@@ -85,15 +85,30 @@ def memory_at_rest(target_spec: str, case: FSDPCase) -> None:
 
 
 def strategy_parity_and_memory(target_spec: str, case: FSDPCase) -> None:
-    """Every sharding strategy matches one process and respects its memory bound."""
+    """Every sharding strategy matches one process and respects its memory bound, frees
+    after backward and after an evaluation forward (SHARD_GRAD_OP too: no backward comes)."""
     results = train(target_spec, case)
     checks.check_parity(case, results, *references(case, results))
     checks.check_memory(case, results)
+    checks.check_frees_after_backward(case, results)
+    checks.check_frees_after_no_grad_forward(case, results)
 
 
 def frees_after_forward(target_spec: str, case: FSDPCase) -> None:
-    """FULL_SHARD: after forward no unit but the root holds full parameters."""
+    """FULL_SHARD (and HYBRID_SHARD): after forward no unit but the root holds full parameters."""
     checks.check_memory(case, train(target_spec, case), after_forward=True)
+
+
+def reduces_in_fp32(target_spec: str, case: FSDPCase) -> None:
+    """Gradient reductions (reduce-scatter, all-reduce) carry fp32 whatever the compute dtype."""
+    checks.check_reduction_dtype(case, train(target_spec, case))
+
+
+def frees_after_backward(target_spec: str, case: FSDPCase) -> None:
+    """When loss.backward() returns no unit but the root holds full parameters; nor after an evaluation forward."""
+    results = train(target_spec, case)
+    checks.check_frees_after_backward(case, results)
+    checks.check_frees_after_no_grad_forward(case, results)
 
 
 def strategy_invariance(target_spec: str, case: FSDPCase) -> None:
@@ -129,11 +144,22 @@ def wide_cases():
 
 
 def strategy_cases():
-    return fsdp_cases(world_sizes(), strategies=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"))
+    strategies = fsdp_cases(world_sizes(), strategies=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"))
+    return strategies.map(lambda c: c.with_(eval_forward=True))
 
 
 def full_shard_cases():
-    return fsdp_cases(world_sizes(2), strategies=("FULL_SHARD",), widths=(6, 16), depths=(2, 3))
+    """Strategies that reshard after forward (HYBRID_SHARD inside its shard group)."""
+    return fsdp_cases(world_sizes(2), strategies=("FULL_SHARD", "HYBRID_SHARD"), widths=(6, 16), depths=(2, 3))
+
+
+def low_precision_cases():
+    return fsdp_cases(world_sizes(2), computes=("fp16", "bf16"))
+
+
+def evaluation_cases():
+    """get_fsdp's models, then one forward under torch.no_grad."""
+    return fsdp_cases(world_sizes(2), widths=(6, 16), depths=(2, 3)).map(lambda c: c.with_(eval_forward=True))
 
 
 def invariance_cases():
@@ -157,6 +183,8 @@ LAWS = (
     Law("fsdp_wider_models_match_one_process", CAPABILITY, API, wide_cases, trajectory_parity, needs=("2 ranks",), extra="tied, frozen, AdamW, bf16"),
     Law("fsdp_strategies_match_one_process", CAPABILITY, API, strategy_cases, strategy_parity_and_memory, needs=("2 ranks",), extra="sharding strategies"),
     Law("fsdp_full_shard_frees_after_forward", CAPABILITY, API, full_shard_cases, frees_after_forward, needs=("2 ranks",), extra="reshard after forward"),
+    Law("fsdp_gradients_reduced_in_fp32", CAPABILITY, API, low_precision_cases, reduces_in_fp32, needs=("2 ranks",), extra="fp32 gradient reduction"),
+    Law("fsdp_frees_after_backward_and_evaluation", CAPABILITY, API, evaluation_cases, frees_after_backward, needs=("2 ranks",), extra="reshard after backward"),
     Law("fsdp_strategies_give_the_same_bits", CAPABILITY, API, invariance_cases, strategy_invariance, needs=("2 ranks",), extra="strategy invariance"),
     Law("fsdp_delayed_collectives_change_nothing", CAPABILITY, API, delay_cases, delay_invariance, needs=("2 ranks",), extra="delay injection"),
     Law("fsdp_no_sync_accumulation_matches", CAPABILITY, API, accumulation_cases, trajectory_parity, needs=("2 ranks",), extra="no_sync accumulation"),

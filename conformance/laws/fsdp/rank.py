@@ -79,6 +79,11 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
                     rec["bytes_after_forward"] = memory.reachable_bytes(fsdp_model, optimizer)
                 spy.SPY.phase = "backward"
                 loss.backward()
+                if observe and last:  # every unit's backward has run: only the root may still be gathered
+                    rec["bytes_after_loss_backward"] = memory.reachable_bytes(fsdp_model, optimizer)
+                    rec["full_attrs_after_loss_backward"] = sorted(
+                        n for n in matrices if n not in tied_names and _attr_holds_full(fsdp_model.module, n, numels[n])
+                    )
         spy.SPY.phase = "after_backward"
         on_after_backward(fsdp_model, optimizer)
         spy.SPY.phase = "step"
@@ -107,6 +112,13 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
         if observe:
             rec["bytes_after_step"] = memory.reachable_bytes(fsdp_model, optimizer)
         out["steps"].append(rec)
+    if case.eval_forward:  # an evaluation forward: no autograd, so no backward will free what it gathers
+        spy.SPY.phase = "no_grad_forward"
+        with torch.no_grad():
+            fsdp_model(models.batch(case, 0, 0, device)[0][models.rank_slice(case, ctx.rank)])
+        out["full_attrs_after_no_grad_forward"] = sorted(
+            n for n in matrices if n not in tied_names and _attr_holds_full(fsdp_model.module, n, numels[n])
+        )
     out["collectives"] = list(spy.SPY.events)
     spy.SPY.reset()
     return out

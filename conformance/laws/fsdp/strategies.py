@@ -29,6 +29,7 @@ class FSDPCase:
     micro: int = 1  # micro-batches per step: micro - 1 inside no_sync, then one synced
     delay_rank: int | None = None  # this rank sleeps before every collective
     delay_s: float = 0.0
+    eval_forward: bool = False  # after training, one forward under torch.no_grad (an evaluation)
 
     @property
     def compute_dtype(self):
