@@ -40,6 +40,15 @@ class MutantTarget:
 # --- layers with one decision changed ----------------------------------------------------------
 
 
+class ColumnDropsRemainder(ColumnParallelLinear):
+    """Each rank keeps out // W output features (a split that assumes W divides out): the
+    last out % W features are never computed."""
+
+    def __init__(self, linear, group=None, gather_output=False):
+        super().__init__(linear, group, gather_output)
+        self.end = min(self.end, self.start + self.out_features // comm.group_size(group))
+
+
 class BiasOnEveryRank(RowParallelLinear):
     def forward(self, x):
         # the bias joins the partial sums: the all-reduce adds it W times
@@ -202,6 +211,7 @@ _SP_GPT = "sequence_parallel_gpt_matches_the_dense_model_over_optimizer_steps"
 bias_added_w_times = MutantTarget("bias_added_w_times", get_row_parallel_linear=lambda linear, group=None, input_is_parallel=True: BiasOnEveryRank(linear, group, input_is_parallel))
 bias_grad_divided_by_w = MutantTarget("bias_grad_divided_by_w", get_row_parallel_linear=lambda linear, group=None, input_is_parallel=True: BiasGradDividedByW(linear, group, input_is_parallel))
 boundary_id_dropped = MutantTarget("boundary_id_dropped", get_vocab_parallel_embedding=lambda embedding, group=None: BoundaryIdDropped(embedding, group))
+column_drops_remainder = MutantTarget("column_drops_remainder", get_column_parallel_linear=lambda linear, group=None, gather_output=False: ColumnDropsRemainder(linear, group, gather_output))
 input_grad_not_all_reduced = MutantTarget("input_grad_not_all_reduced", get_column_parallel_linear=lambda linear, group=None, gather_output=False: InputGradNotReduced(linear, group, gather_output))
 qkv_rows_not_regrouped = MutantTarget("qkv_rows_not_regrouped", get_tensor_parallel_block=_block_with(attn_cls=UngroupedQKVAttention),
                                       get_tensor_parallel_gpt=_gpt_with(attn_cls=UngroupedQKVAttention))
@@ -225,6 +235,7 @@ MUTANTS = (
     _m("bias_added_w_times", "row-parallel linear adds the bias before the all-reduce (W times)", [_ROW]),
     _m("bias_grad_divided_by_w", "row-parallel bias gradient divided by W", [_ROW]),
     _m("boundary_id_dropped", "vocab-parallel embedding drops the first id of each shard (<= instead of <)", [_EMB]),
+    _m("column_drops_remainder", "column-parallel linear keeps out // W features a rank: the last out % W never computed", [_COL]),
     _m("input_grad_not_all_reduced", "column-parallel linear: identity instead of all-reduce for the input gradient", [_COL]),
     _m("qkv_rows_not_regrouped", "fused QKV split by contiguous rows: ranks get mixed Q/K/V rows", [_BLOCK, _GPT]),
     _m("hidden_gathered_and_split_again", "block MLP gathers the hidden activations and splits them again (right numbers, extra collectives)", [_COUNT]),

@@ -2,8 +2,8 @@
 
 A case is a frozen dataclass holding everything a rank needs to rebuild its inputs: the
 world size, a seed, and the shapes.  Sizes a layer shards must be divisible by W where
-the contract says so (column/row-parallel features, heads, d_ff); vocabularies are
-drawn both divisible and not.
+the contract says so (row-parallel input features, heads, d_ff); column-parallel output
+features and vocabularies are drawn both divisible and not.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ class LinearCase:
 @st.composite
 def column_cases(draw, min_world: int = 1):
     w = draw(world_sizes(min_world))
-    return LinearCase(w, draw(seeds), draw(batch_shapes), draw(st.integers(1, 12)), w * draw(st.integers(1, 5)),
+    # output features in the chunk layout: divisible by W or not (the last shards shorter)
+    return LinearCase(w, draw(seeds), draw(batch_shapes), draw(st.integers(1, 12)), draw(st.integers(w, 5 * w)),
                       draw(st.booleans()), draw(st.booleans()))
 
 
