@@ -37,7 +37,8 @@ Layout and shards
     from their modules and become plain tensor attributes (views of the gathered buffer
     during forward and backward, an empty tensor otherwise).  Frozen matrices
     (``requires_grad=False``) go into a second flat buffer of the same unit that is
-    gathered the same way and never reduced.
+    gathered the same way and never reduced; having no gradient hook, it is freed after
+    the unit's backward by an identity on the unit's inputs (``_AfterBackward``).
     ``fsdp_model.parameters()`` is therefore: the fp32 shards, then the replicated and
     frozen parameters of ``.module``.  An optimizer built on it keeps state for the local
     shard only (ZeRO-3's optimizer-state sharding comes for free).
