@@ -74,3 +74,7 @@ def test_gradients_are_reduced_in_fp32_whatever_the_compute_dtype(target):
 
 def test_no_unit_but_the_root_stays_gathered_after_backward_or_an_evaluation_forward(target):
     _run("fsdp_frees_after_backward_and_evaluation", target)
+
+
+def test_backward_all_gathers_no_more_than_forward(target):
+    _run("fsdp_backward_gathers_no_more_than_forward", target)

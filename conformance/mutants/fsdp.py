@@ -209,6 +209,15 @@ class EvaluationKeepsGathered(FSDP):
         return super()._post_forward(unit, out)
 
 
+class BackwardPrefetchesForwardOrder(FSDP):
+    """Backward prefetches the next unit in forward order, whose backward is already done:
+    it is gathered again for nothing."""
+
+    def _pre_backward(self, unit):
+        self._gather(unit, set_views=False)
+        self._prefetch(unit, +1)
+
+
 class _Target:
     """A target offering one FSDP class through the protocol's names."""
 
@@ -251,6 +260,7 @@ SPECS = (
     ("reduces_in_compute_dtype", ReducesInComputeDtype, "gradients reduce-scattered in fp16/bf16, stored as fp32", ("fsdp_gradients_reduced_in_fp32",)),
     ("frees_only_at_finish", FreesOnlyAtFinish, "units freed at on_after_backward, not after their backward", ("fsdp_frees_after_backward_and_evaluation", "fsdp_strategies_match_one_process")),
     ("evaluation_keeps_gathered", EvaluationKeepsGathered, "SHARD_GRAD_OP keeps units gathered after a no_grad forward", ("fsdp_strategies_match_one_process",)),
+    ("backward_prefetches_forward_order", BackwardPrefetchesForwardOrder, "backward prefetches in forward order, re-gathering finished units", ("fsdp_backward_gathers_no_more_than_forward",)),
     ("hybrid_replicas_not_reduced", HybridReplicasNotReduced, "HYBRID_SHARD never reduces across replica groups", ("fsdp_strategies_match_one_process",)),
 )
 

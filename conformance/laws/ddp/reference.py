@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 from .model import build_model
-from .cases import TrainingCase, autocast_for, make_optimizer, row_loss_sum, step_data
+from .cases import TrainingCase, autocast_for, local_rows, make_optimizer, row_loss_sum, step_data
 from .rank import _grads, _snapshot
 
 
@@ -37,6 +37,34 @@ def reference_gradients(case: TrainingCase, step: int, params: dict, mode: str, 
         return {"grads": _grads(model), "magnitudes": recorder.magnitudes()}
     _full_batch_backward(case, step, model, mode, device)
     return {"grads": _grads(model)}
+
+
+def split_eager_gradients(case: TrainingCase, step: int, params: dict, device: torch.device) -> dict:
+    """The averaged gradient computed the ranks' way in the tested precision: each rank's
+    rows (micro-batch by micro-batch, its loss scaled by W / B) through its own backward,
+    the ranks' gradients summed in rank order, divided by W.  A second sample of the
+    rounding error a correct DDP makes: splitting the batch reassociates every
+    weight-gradient sum, and the whole-batch eager error alone (one sample, a few
+    elements) can sit below it (a correct DDP missed 4 x that by 1.2x at W = 3)."""
+    model = _reference_model(case, "eager", device)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name])
+    x, y, rows = (t.to(device) for t in step_data(case, step))
+    plan = case.steps[step]
+    scale = case.world_size / plan.rows
+    total: dict = {}
+    for r in range(case.world_size):
+        model.zero_grad(set_to_none=True)
+        for m in range(len(plan.micro_splits)):
+            mine = local_rows(plan, m, r)
+            with autocast_for(case.precision, device):
+                out = model(x[mine], rows[mine])
+            (scale * row_loss_sum(out, y[mine])).backward()
+        for name, g in _grads(model).items():
+            if g is not None:
+                total[name] = g.clone() if total.get(name) is None else total[name] + g
+    return {"grads": {name: g / case.world_size for name, g in total.items()}}
 
 
 def _reference_model(case: TrainingCase, mode: str, device: torch.device) -> nn.Module:

@@ -243,3 +243,19 @@ def check_frees_after_no_grad_forward(case: FSDPCase, results: list[dict]) -> No
         if held:
             raise AssertionError(f"rank {r}: after a forward under torch.no_grad full parameters are still held: {held} "
                                  f"(strategy {case.strategy or 'get_fsdp'}); no backward will free them")
+
+
+GATHER_COLLECTIVES = ("all_gather_into_tensor", "all_gather_single", "_all_gather_base", "all_gather")
+
+
+def check_backward_gathers(case: FSDPCase, results: list[dict]) -> None:
+    """Backward all-gathers no more than forward did: each unit at most once (FULL_SHARD
+    re-gathers what forward freed; a unit gathered again after its own backward is waste)."""
+    if shard_size(case) == 1:
+        return
+    for r, res in enumerate(results):
+        forward = sum(1 for n, phase, _ in res["collectives"] if n in GATHER_COLLECTIVES and phase == "forward")
+        backward = sum(1 for n, phase, _ in res["collectives"] if n in GATHER_COLLECTIVES and phase == "backward")
+        if backward > forward:
+            raise AssertionError(f"rank {r}: backward issued {backward} all-gathers over {case.steps} step(s), forward {forward}: "
+                                 f"some unit is gathered more than once in backward (a prefetch of a unit whose backward is done?)")

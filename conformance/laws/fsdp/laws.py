@@ -86,16 +86,17 @@ def memory_at_rest(target_spec: str, case: FSDPCase) -> None:
 
 def strategy_parity_and_memory(target_spec: str, case: FSDPCase) -> None:
     """Every sharding strategy matches one process and respects its memory bound, frees
-    after backward and after an evaluation forward (SHARD_GRAD_OP too: no backward comes)."""
+    after forward where it reshards (FULL_SHARD, HYBRID_SHARD), after backward, and after
+    an evaluation forward (SHARD_GRAD_OP too: no backward comes)."""
     results = train(target_spec, case)
     checks.check_parity(case, results, *references(case, results))
-    checks.check_memory(case, results)
+    checks.check_memory(case, results, after_forward=case.strategy in ("FULL_SHARD", "HYBRID_SHARD"))  # they reshard after forward
     checks.check_frees_after_backward(case, results)
     checks.check_frees_after_no_grad_forward(case, results)
 
 
 def frees_after_forward(target_spec: str, case: FSDPCase) -> None:
-    """FULL_SHARD (and HYBRID_SHARD): after forward no unit but the root holds full parameters."""
+    """FULL_SHARD: after forward no unit but the root holds full parameters."""
     checks.check_memory(case, train(target_spec, case), after_forward=True)
 
 
@@ -109,6 +110,11 @@ def frees_after_backward(target_spec: str, case: FSDPCase) -> None:
     results = train(target_spec, case)
     checks.check_frees_after_backward(case, results)
     checks.check_frees_after_no_grad_forward(case, results)
+
+
+def backward_gathers_once(target_spec: str, case: FSDPCase) -> None:
+    """Backward all-gathers no more than forward: each unit at most once."""
+    checks.check_backward_gathers(case, train(target_spec, case))
 
 
 def strategy_invariance(target_spec: str, case: FSDPCase) -> None:
@@ -149,8 +155,7 @@ def strategy_cases():
 
 
 def full_shard_cases():
-    """Strategies that reshard after forward (HYBRID_SHARD inside its shard group)."""
-    return fsdp_cases(world_sizes(2), strategies=("FULL_SHARD", "HYBRID_SHARD"), widths=(6, 16), depths=(2, 3))
+    return fsdp_cases(world_sizes(2), strategies=("FULL_SHARD",), widths=(6, 16), depths=(2, 3))
 
 
 def low_precision_cases():
@@ -185,6 +190,7 @@ LAWS = (
     Law("fsdp_full_shard_frees_after_forward", CAPABILITY, API, full_shard_cases, frees_after_forward, needs=("2 ranks",), extra="reshard after forward"),
     Law("fsdp_gradients_reduced_in_fp32", CAPABILITY, API, low_precision_cases, reduces_in_fp32, needs=("2 ranks",), extra="fp32 gradient reduction"),
     Law("fsdp_frees_after_backward_and_evaluation", CAPABILITY, API, evaluation_cases, frees_after_backward, needs=("2 ranks",), extra="reshard after backward"),
+    Law("fsdp_backward_gathers_no_more_than_forward", CAPABILITY, API, full_shard_cases, backward_gathers_once, needs=("2 ranks",), extra="no re-gathering in backward"),
     Law("fsdp_strategies_give_the_same_bits", CAPABILITY, API, invariance_cases, strategy_invariance, needs=("2 ranks",), extra="strategy invariance"),
     Law("fsdp_delayed_collectives_change_nothing", CAPABILITY, API, delay_cases, delay_invariance, needs=("2 ranks",), extra="delay injection"),
     Law("fsdp_no_sync_accumulation_matches", CAPABILITY, API, accumulation_cases, trajectory_parity, needs=("2 ranks",), extra="no_sync accumulation"),
