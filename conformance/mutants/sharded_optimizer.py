@@ -125,6 +125,13 @@ class LoadIgnoresSavedState(ShardedOptimizer):
         super().load_state_dict({**state_dict, "state": {}})
 
 
+class ZeroGradKeepsZeroTensors(ShardedOptimizer):
+    """zero_grad zeroes every gradient in place whatever set_to_none asks."""
+
+    def zero_grad(self, set_to_none=True):
+        super().zero_grad(set_to_none=False)
+
+
 class ZeroGradOnlyOwned(ShardedOptimizer):
     """zero_grad clears only the gradients of the parameters this rank owns."""
 
@@ -176,6 +183,7 @@ SPECS = (
         "load_state_dict drops the state",
         ("per_rank_state_dict_round_trips", "consolidated_state_dict_resumes_at_any_world_size"),
     ),
+    BrokenOptimizer("zero_grad_keeps_zero_tensors", ZeroGradKeepsZeroTensors, "zero_grad() zeroes the gradients in place, ignoring set_to_none=True", ("zero_grad_clears_every_gradient",)),
     BrokenOptimizer("zero_grad_only_owned", ZeroGradOnlyOwned, "zero_grad leaves non-owned gradients", ("zero_grad_clears_every_gradient",)),
 )
 MUTANTS = tuple(Mutant(m.name, "sharded optimizer", m.bug, m.caught_by, target=f"{__name__}:{m.name}") for m in SPECS)

@@ -20,8 +20,10 @@ exact_average       With two ranks the average of two float32 gradients is exact
                     rank also reports its local gradient from an unwrapped copy.
 frozen_and_unused   A frozen layer and a branch: step 1 no rank uses the branch (its
                     .grad stays None, like one process on the whole batch), step 2 only
-                    rank 0 does (its gradient is rank 0's halved, exactly); the frozen
-                    layer never gets a gradient and never moves.
+                    rank 0 does (its gradient is rank 0's halved, exactly), step 3 only
+                    rank 1 does (rank 0, which had a gradient last step, must send zeros,
+                    not what is left of last step's); the frozen layer never gets a
+                    gradient and never moves.
 no_sync_accumulate  Two micro-batches, the first under no_sync(): right after that
                     backward each rank's gradient is its own local one (nothing was
                     reduced); after the synced one it is exactly (acc0 + acc1) / 2.
@@ -70,14 +72,19 @@ class ToyMLP(nn.Module):
 
 
 class WithBuffer(nn.Module):
+    """A linear layer, two persistent buffers, a non-persistent one, and a parameter that is
+    a transposed (non-contiguous) view: wrapping must broadcast all of them in place."""
+
     def __init__(self):
         super().__init__()
         self.lin = nn.Linear(4, 3)
         self.register_buffer("shift", torch.randn(3))
         self.register_buffer("count", torch.randint(0, 100, (1,)))
+        self.register_buffer("scratch", torch.randn(3), persistent=False)
+        self.proj = nn.Parameter(torch.randn(3, 4).t())  # shape (4, 3), strides (1, 4)
 
     def forward(self, x):
-        return self.lin(x) + self.shift
+        return self.lin(x) + self.shift + self.scratch + (x @ self.proj)
 
 
 class FrozenAndBranch(nn.Module):
@@ -93,6 +100,20 @@ class FrozenAndBranch(nn.Module):
         if use_branch:
             h = h + torch.tanh(self.branch(h))
         return self.out(h)
+
+
+class MixedDtypes(nn.Module):
+    """float32 -> float64 -> float32 layers: parameters of two dtypes, interleaved, so a
+    bucket that held both (or one flat buffer of one dtype) would mix them."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(10, 6)
+        self.b = nn.Linear(6, 6).double()
+        self.c = nn.Linear(6, 5)
+
+    def forward(self, x):
+        return self.c(torch.tanh(self.b(torch.tanh(self.a(x)).double())).float())
 
 
 def _seeded(make, seed: int) -> nn.Module:
@@ -172,13 +193,27 @@ def _exact_average(ctx, api, bucket_size_mb):
     return {"local": local, "synced": _grads(model)}
 
 
+def _mixed_dtypes(ctx, api, bucket_size_mb):
+    model = _seeded(MixedDtypes, 350).to(ctx.device)
+    x, y = _batches(1, 8, 10, 5, seed=88 + ctx.rank)[0]
+    x, y = x.to(ctx.device), y.to(ctx.device)
+    wrapped = api.wrap(model, bucket_size_mb)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    local = _local_grads(MixedDtypes, model, lambda m: F.mse_loss(m(x), y).backward())
+    optimizer.zero_grad(set_to_none=True)
+    api.start_batch(wrapped, optimizer)
+    F.mse_loss(wrapped(x), y).backward()
+    api.after_backward(wrapped, optimizer)
+    return {"local": local, "synced": _grads(model)}
+
+
 def _frozen_and_unused(ctx, api, bucket_size_mb):
     model = _seeded(FrozenAndBranch, 400).to(ctx.device)
     frozen_before = {n: p.detach().clone() for n, p in model.frozen.named_parameters()}
     wrapped = api.wrap(model, bucket_size_mb)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
     steps = []
-    for step, use in enumerate([(False, False), (True, False)]):
+    for step, use in enumerate([(False, False), (True, False), (False, True)]):
         x = _batches(1, 4, 3, 2, seed=500 + 10 * step + ctx.rank)[0][0].to(ctx.device)
         use_here = use[ctx.rank]
         local = _local_grads(FrozenAndBranch, model, lambda m: m(x, use_here).square().sum().backward())
@@ -222,6 +257,10 @@ def wrap_broadcast(ctx, target_spec, flavour, bucket_size_mb):
 
 def exact_average(ctx, target_spec, flavour, bucket_size_mb):
     return _guarded(_exact_average, ctx, target_spec, flavour, bucket_size_mb)
+
+
+def mixed_dtypes(ctx, target_spec, flavour, bucket_size_mb):
+    return _guarded(_mixed_dtypes, ctx, target_spec, flavour, bucket_size_mb)
 
 
 def frozen_and_unused(ctx, target_spec, flavour, bucket_size_mb):
@@ -315,6 +354,7 @@ CASES = {
     "wrap_broadcast": (wrap_broadcast, check_wrap_broadcast, {}),
     "exact_average": (exact_average, check_exact_average, {}),
     "frozen_and_unused": (frozen_and_unused, check_frozen_and_unused, {}),
+    "mixed_dtypes": (mixed_dtypes, check_exact_average, {}),
     "no_sync_accumulate": (no_sync_accumulate, check_no_sync_accumulate, {}),
 }
 

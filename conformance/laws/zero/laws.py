@@ -434,8 +434,13 @@ def rank_zero_grad(ctx, target_spec: str, case: ShardingCase):
         apply_grads(params, case.grads(step, ctx.device))
         sharded.step()
     apply_grads(params, case.grads(case.steps, ctx.device))
-    sharded.zero_grad()
-    return [i for i, p in enumerate(params) if p.grad is not None and bool((p.grad != 0).any())]
+    sharded.zero_grad()  # default set_to_none=True, as torch.optim.Optimizer: every .grad None
+    left = [i for i, p in enumerate(params) if p.grad is not None and bool((p.grad != 0).any())]
+    not_none = [i for i, p in enumerate(params) if p.grad is not None]
+    apply_grads(params, [torch.ones_like(p) for p in params])
+    sharded.zero_grad(set_to_none=False)  # zero tensors kept in place
+    not_zeroed = [i for i, p in enumerate(params) if p.grad is None or bool((p.grad != 0).any())]
+    return {"left": left, "not_none": not_none, "not_zeroed": not_zeroed}
 
 
 def rank_float64_and_eager(ctx, target_spec: str, case: ShardingCase):
@@ -572,11 +577,16 @@ def hyperparameter_edits_reach_every_shard(target_spec: str, case: ShardingCase,
 
 
 def zero_grad_clears_every_gradient(target_spec: str, case: ShardingCase, device):
-    """zero_grad() clears the gradient of every parameter on every rank, owned or not."""
+    """zero_grad() clears the gradient of every parameter on every rank, owned or not, as
+    torch.optim.Optimizer's does: to None by default, to zero tensors with set_to_none=False."""
     results = on_ranks(rank_zero_grad, case.world_size, target_spec, case, device=_device_type(device))
-    for rank, left in enumerate(results):
-        if left:
-            raise AssertionError(f"rank {rank}: parameters {left} still hold non-zero gradients after zero_grad()")
+    for rank, r in enumerate(results):
+        if r["left"]:
+            raise AssertionError(f"rank {rank}: parameters {r['left']} still hold non-zero gradients after zero_grad()")
+        if r["not_none"]:
+            raise AssertionError(f"rank {rank}: zero_grad() (set_to_none=True by default) left tensors, not None, in .grad of parameters {r['not_none']}")
+        if r["not_zeroed"]:
+            raise AssertionError(f"rank {rank}: zero_grad(set_to_none=False) did not leave zero tensors in .grad of parameters {r['not_zeroed']}")
 
 
 # ---------------------------------------------------------------------------------------
