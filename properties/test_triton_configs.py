@@ -24,7 +24,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from hypothesis import given, note, settings
+from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
 from conformance import oracle
@@ -90,6 +90,9 @@ def test_every_config_computes_the_same_attention(device, shard):
 
     @settings(max_examples=sharded_examples(shard, total))
     @given(case=attention_cases(budget, allow_custom_scale=True), fwd=forward_configs(), bwd=backward_configs())
+    # split-KV and one-pass dQ with batch > 1 (b > 0): the partial-sum and dQ-accumulator indexing
+    @example(case=AttentionCase((2, 2), 70, 70, 24, torch.float32, True, None, 1.0, "contiguous", 13),
+             fwd=ft.ForwardConfig(16, 32, split_keys=32), bwd=ft.BackwardConfig(32, 16, 16, 16, dq_atomic=True))
     def run(case, fwd, bwd):
         note(repr(case))
         note(f"{fwd}\n{bwd}")
@@ -192,6 +195,14 @@ def test_small_grids_get_small_tiles_and_the_anchor_shapes_keep_the_table():
     assert ft.pick_backward_config(False, 64, True, 16, 16384, h100) == bwd_table
     assert ft.pick_forward_config(True, 64, 1, 128, h100) == ft._GPU_FWD[(True, 64)]
     assert ft.pick_backward_config(True, 64, True, 1, 128, h100) == ft._GPU_BWD[(True, 64)]
+
+
+@given(bucket=st.sampled_from((64, 128, 256)), fp32=st.booleans(), causal=st.booleans(),
+       batch_heads=st.integers(1, 64), n=st.integers(1, 1 << 17), sms=st.sampled_from((78, 108, 132)))
+def test_every_picked_forward_config_is_launchable(bucket, fp32, causal, batch_heads, n, sms):
+    """Whatever the table picks for any length, its split width is one the launcher accepts."""
+    cfg = ft.pick_forward_config(fp32, bucket, batch_heads, n, sms, causal)
+    ft._split_keys(cfg, n)  # raises ValueError on a width that is not a multiple of the tiles
 
 
 @given(bucket=st.sampled_from((64, 128, 256)), fp32=st.booleans(), causal=st.booleans(),

@@ -207,6 +207,39 @@ def _plan_key_without_strides():
     return PlanKeyWithoutStrides
 
 
+def _v_read_with_k_strides():
+    """impl's Triton attention handed V with K's strides (a launch that passes one tensor's
+    strides for another's): right whenever K and V share a layout."""
+    from impl.attention import flash_triton as ft
+
+    class VReadWithKStrides(ft.FlashAttentionTriton):
+        @staticmethod
+        def forward(ctx, q, k, v, is_causal=False, scale=None):
+            if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.shape == v.shape and k.stride() != v.stride():
+                v = torch.as_strided(v, v.shape, k.stride(), v.storage_offset())
+            return ft.FlashAttentionTriton.forward(ctx, q, k, v, is_causal, scale)
+
+    return VReadWithKStrides
+
+
+def _backward_plan_key_without_grad_output():
+    """impl's Triton attention with its backward plans keyed on the forward's inputs alone:
+    a later backward whose dO has another layout reuses the first dO's strides."""
+    from impl.attention import flash_triton as ft
+
+    class BackwardKeyWithoutGradOutput(ft.FlashAttentionTriton):
+        @staticmethod
+        def backward(ctx, grad_o):
+            q, k, v, o, lse = ctx.saved_tensors
+            if grad_o.dtype != q.dtype:
+                grad_o = grad_o.to(q.dtype)
+            key = ("mutant: bwd without dO", ctx.plan_key, ft._determinism())
+            plan = ft._cached_plan(key, lambda: ft._BackwardPlan(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale))
+            return (*plan(q, k, v, o, lse, grad_o), None, None)
+
+    return BackwardKeyWithoutGradOutput
+
+
 def _impl_triton():
     from impl.attention.flash_triton import FlashAttentionTriton
 
@@ -215,6 +248,11 @@ def _impl_triton():
 
 plan_key_without_strides = SimpleNamespace(get_flashattention_autograd_function_triton=_plan_key_without_strides,
                                            __name__="mutant:plan_key_without_strides")
+v_read_with_k_strides = SimpleNamespace(get_flashattention_autograd_function_triton=_v_read_with_k_strides,
+                                        __name__="mutant:v_read_with_k_strides")
+backward_plan_key_without_grad_output = SimpleNamespace(
+    get_flashattention_autograd_function_triton=_backward_plan_key_without_grad_output,
+    __name__="mutant:backward_plan_key_without_grad_output")
 
 MUTANTS = tuple(
     Mutant(m.name, "attention", m.bug, m.caught_by, target=f"{__name__}:{m.name}", flavour="pytorch") for m in SPECS
@@ -222,6 +260,12 @@ MUTANTS = tuple(
     Mutant("plan_key_without_strides", "attention",
            "impl's Triton launch plans keyed without the inputs' strides: another layout of the same shapes reuses stale strides",
            ("results_do_not_depend_on_earlier_calls",), target=f"{__name__}:plan_key_without_strides", flavour="triton"),
+    Mutant("v_read_with_k_strides", "attention",
+           "impl's Triton forward reads V with K's strides: right only while K and V share a layout",
+           ("forward_matches_float64_reference",), target=f"{__name__}:v_read_with_k_strides", flavour="triton"),
+    Mutant("backward_plan_key_without_grad_output", "attention",
+           "impl's Triton backward plans keyed without dO's signature: a later dO in another layout reuses stale strides",
+           ("results_do_not_depend_on_earlier_calls",), target=f"{__name__}:backward_plan_key_without_grad_output", flavour="triton"),
 )
 
 # Every mutant as a module attribute, so `--target conformance.mutants.attention:no_rescale` works.

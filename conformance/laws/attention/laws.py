@@ -228,7 +228,7 @@ def _neighbours(case: AttentionCase) -> list[tuple[str, AttentionCase]]:
     """Cases that differ from ``case`` in one respect each (and in their values): what a
     cache keyed on too little, or an output buffer kept for reuse, confuses with it."""
     other_layout = {"contiguous": "strided", "strided": "transposed" if len(case.batch) > 1 else "contiguous",
-                    "transposed": "contiguous"}.get(case.layout, "contiguous")
+                    "transposed": "mixed", "mixed": "contiguous"}.get(case.layout, "contiguous")
     seed = (case.seed + 1) % 2**31
     out = [
         ("is_causal flipped", replace(case, is_causal=not case.is_causal, seed=seed)),
@@ -239,6 +239,8 @@ def _neighbours(case: AttentionCase) -> list[tuple[str, AttentionCase]]:
         out.append(("float32 inputs", replace(case, dtype=torch.float32, seed=seed)))
     if case.scale is not None:
         out.append(("another softmax scale", replace(case, scale=case.scale * 2, seed=seed)))
+    if case.layout == "transposed":  # q, k, v as in the case; only dO's layout differs (a plan keyed without dO)
+        out.append(("dO in another layout", replace(case, layout="transposed_do_contiguous", seed=seed)))
     if case.layout != "misaligned":  # same shapes and strides; an address off 16-byte alignment
         out.append(("inputs one element past a 16-byte boundary", replace(case, layout="misaligned", seed=seed)))
     return out
@@ -279,6 +281,19 @@ def float64_gradcheck(attn, case: AttentionCase, device):
     )
     if not ok:
         raise AssertionError("torch.autograd.gradcheck failed: analytic and numerical Jacobians differ")
+    # gradcheck's atol hides float32 arithmetic (a float32 L gives errors ~1e-8): in float64
+    # the gradients must match the float64 reference to float64 rounding (relative ~1e-14),
+    # not float32's (~1e-7); 1e-10 relative to the largest reference value lies between.
+    (q, k, v, do), _ = case.make(device)
+    call(attn, q, k, v, case).backward(do)
+    refs = references(case, device, with_grads=True)
+    for key, t in (("dQ", q), ("dK", k), ("dV", v)):
+        ref = refs.ref64[key].to(torch.float64).cpu()
+        err = (t.grad.detach().double().cpu() - ref).abs().max().item() if t.grad is not None else float("inf")
+        tol = 1e-10 * max(1.0, ref.abs().max().item() if ref.numel() else 0.0)
+        if not err <= tol:
+            raise AssertionError(f"float64 {key}: |err| = {err:.3e} against the float64 reference, more than {tol:.1e} "
+                                 f"(float64 rounding is ~1e-14 relative: float32 arithmetic inside?)")
 
 
 # ---------------------------------------------------------------------------------------

@@ -125,7 +125,7 @@ def standard_head_dims(attn, device):
 
 
 def odd_head_dims(attn, device):
-    for d in (24, 80, 96, 200):
+    for d in (24, 80, 96, 200, 256):  # 256: the documented maximum
         case = _case(batch=(1,), n_q=33, n_k=47, d=d, causal=bool(d % 3), seed=d)
         forward_matches_float64_reference(attn, case, device)
         gradients_match_float64_reference(attn, case, device)
@@ -182,7 +182,12 @@ def bad_input_errors(attn, device):
         ("unsupported dtype int32", lambda: attn.apply(*(torch.ones(2, 8, 16, dtype=torch.int32, device=device),) * 3), ("dtype", "int32", "float"), ()),
         ("unsupported head dim 512", lambda: attn.apply(t(1, 4, 512), t(1, 4, 512), t(1, 4, 512)), ("head dim", "head size"), (512,)),
         ("mixed dtypes", lambda: attn.apply(t(2, 8, 16), t(2, 8, 16, dtype=torch.float16), t(2, 8, 16)), ("dtype", "float16", "half"), ()),
+        ("mismatched value head dim", lambda: attn.apply(t(2, 8, 16), t(2, 8, 16), t(2, 8, 32)), ("head dim", "dim") + SHAPE_WORDS, (16, 32)),
     ]
+    if accepts_scale(attn):
+        for bad in (0.0, -0.5, float("nan"), float("inf")):
+            cases.append((f"softmax scale {bad}", lambda bad=bad: attn.apply(t(2, 8, 16), t(2, 8, 16), t(2, 8, 16), False, bad),
+                          ("scale",), ()))
     for what, fn, words, values in cases:
         _expect_error(what, (ValueError, TypeError), words, fn, values)
 
@@ -222,7 +227,15 @@ def cpu_tensor_to_triton_without_interpreter(target_spec: str):
         raise AssertionError(f"CPU tensor to the Triton path without the interpreter: {last}")
 
 
-_API_BOTH = (four_dim_inputs, unequal_query_and_key_lengths, standard_head_dims, odd_head_dims, noncontiguous_inputs,
+def other_numbers_of_leading_dims(attn, device):
+    """(N, d) and (B, H, G, N, d) inputs: the contract allows any number of leading dims."""
+    for batch in ((), (2, 2, 2)):
+        case = _case(batch=batch, n_q=33, n_k=40, d=16, causal=True, seed=9)
+        forward_matches_float64_reference(attn, case, device)
+        gradients_match_float64_reference(attn, case, device)
+
+
+_API_BOTH = (four_dim_inputs, other_numbers_of_leading_dims, unequal_query_and_key_lengths, standard_head_dims, odd_head_dims, noncontiguous_inputs,
              explicit_softmax_scale, bad_input_errors, different_devices_error)
 API = {
     "pytorch": (is_causal_defaults_to_false, cs336_causal_forward_backward) + _API_BOTH,

@@ -31,7 +31,8 @@ class AttentionCase:
     scale: float | None  # None: the implementation's default 1/sqrt(d)
     value_scale: float  # q and k are drawn with this std; large values make huge scores
     layout: str  # "contiguous", "transposed" ((B, N, H, d) storage seen as (B, H, N, d)), "strided",
-    # or "misaligned" (contiguous from one element into its storage; drawn by one law's neighbours)
+    # or "misaligned" (contiguous from one element into its storage; drawn by one law's neighbours),
+    # or "mixed" (each of q, k, v, dO in its own layout: PER_TENSOR_LAYOUTS)
     seed: int
 
     def __repr__(self) -> str:
@@ -58,11 +59,20 @@ class AttentionCase:
         for name, n in sizes.items():
             x = (torch.randn(*self.batch, n, self.d, generator=g, dtype=torch.float64) * stds[name]).to(self.dtype)
             ref[name] = x.to(torch.float64).to(device)
-            low[name] = x.to(device) if self.layout == "contiguous" else _lay_out_on(x, self.layout, device)
+            layout = PER_TENSOR_LAYOUTS.get(self.layout, {}).get(name, self.layout)
+            low[name] = x.to(device) if layout == "contiguous" else _lay_out_on(x, layout, device)
         if requires_grad:
             for name in ("q", "k", "v"):
                 low[name].requires_grad_(True)
         return (low["q"], low["k"], low["v"], low["do"]), (ref["q"], ref["k"], ref["v"], ref["do"])
+
+
+# K and V (and dO) in layouts other than Q's: a kernel that takes K's strides for V, or a
+# plan keyed on Q's layout alone, reads the wrong elements only when the layouts differ.
+PER_TENSOR_LAYOUTS = {
+    "mixed": {"q": "transposed", "k": "contiguous", "v": "strided", "do": "contiguous"},
+    "transposed_do_contiguous": {"do": "contiguous"},  # drawn by one law's neighbours
+}
 
 
 def _lay_out_on(x: torch.Tensor, layout: str, device) -> torch.Tensor:
@@ -146,7 +156,7 @@ def attention_cases(
     allow_custom_scale: bool = True,
     min_batch_elems: int = 1,
     dtypes: tuple[torch.dtype, ...] | None = None,
-    layouts: tuple[str, ...] = ("contiguous", "contiguous", "transposed", "strided"),
+    layouts: tuple[str, ...] = ("contiguous", "contiguous", "transposed", "strided", "mixed"),
 ) -> AttentionCase:
     batch = draw(batch_shapes(budget.max_batch_elems).filter(lambda b: _numel(b) >= min_batch_elems))
     return AttentionCase(
