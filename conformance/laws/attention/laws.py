@@ -29,6 +29,7 @@ from conformance.laws.attention.strategies import (
     contract_cases,
     contract_lengths,
     tiny_float64_cases,
+    with_other_grad_output_layout,
 )
 from impl.attention.reference import attention_reference
 
@@ -45,8 +46,11 @@ def accepts_scale(attn) -> bool:
     arguments after is_causal (tile sizes ``B_q, B_k``), and a scale passed there would be
     read as a tile size.
     """
+    forward = getattr(attn, "forward", None)  # a plain class may offer apply() alone
+    if forward is None:
+        return False
     try:
-        params = list(inspect.signature(attn.forward).parameters)
+        params = list(inspect.signature(forward).parameters)
     except (TypeError, ValueError):
         return False
     return len(params) >= 6 and params[5] in ("scale", "softmax_scale", "sm_scale")
@@ -239,8 +243,8 @@ def _neighbours(case: AttentionCase) -> list[tuple[str, AttentionCase]]:
         out.append(("float32 inputs", replace(case, dtype=torch.float32, seed=seed)))
     if case.scale is not None:
         out.append(("another softmax scale", replace(case, scale=case.scale * 2, seed=seed)))
-    if case.layout == "transposed":  # q, k, v as in the case; only dO's layout differs (a plan keyed without dO)
-        out.append(("dO in another layout", replace(case, layout="transposed_do_contiguous", seed=seed)))
+    # q, k, v as in the case; only dO's layout differs (a backward plan keyed without dO's)
+    out.append(("dO in another layout", replace(case, layout=with_other_grad_output_layout(case.layout), seed=seed)))
     if case.layout != "misaligned":  # same shapes and strides; an address off 16-byte alignment
         out.append(("inputs one element past a 16-byte boundary", replace(case, layout="misaligned", seed=seed)))
     return out

@@ -59,7 +59,7 @@ class AttentionCase:
         for name, n in sizes.items():
             x = (torch.randn(*self.batch, n, self.d, generator=g, dtype=torch.float64) * stds[name]).to(self.dtype)
             ref[name] = x.to(torch.float64).to(device)
-            layout = PER_TENSOR_LAYOUTS.get(self.layout, {}).get(name, self.layout)
+            layout = tensor_layout(self.layout, name)
             low[name] = x.to(device) if layout == "contiguous" else _lay_out_on(x, layout, device)
         if requires_grad:
             for name in ("q", "k", "v"):
@@ -71,8 +71,22 @@ class AttentionCase:
 # plan keyed on Q's layout alone, reads the wrong elements only when the layouts differ.
 PER_TENSOR_LAYOUTS = {
     "mixed": {"q": "transposed", "k": "contiguous", "v": "strided", "do": "contiguous"},
-    "transposed_do_contiguous": {"do": "contiguous"},  # drawn by one law's neighbours
 }
+DO_SUFFIX = "+do="  # "<layout>+do=<dO's layout>": q, k, v as in <layout>, dO in its own (one law's neighbours)
+
+
+def tensor_layout(layout: str, name: str) -> str:
+    """The layout of tensor ``name`` (q, k, v, do) in a case of ``layout``."""
+    if DO_SUFFIX in layout:
+        base, do_layout = layout.split(DO_SUFFIX)
+        return do_layout if name == "do" else tensor_layout(base, name)
+    return PER_TENSOR_LAYOUTS.get(layout, {}).get(name, layout)
+
+
+def with_other_grad_output_layout(layout: str) -> str:
+    """The same q, k, v layouts, dO in another one."""
+    base = layout.split(DO_SUFFIX)[0]
+    return base + DO_SUFFIX + ("strided" if tensor_layout(base, "do") == "contiguous" else "contiguous")
 
 
 def _lay_out_on(x: torch.Tensor, layout: str, device) -> torch.Tensor:
