@@ -88,6 +88,23 @@ class BuffersNotBroadcast(BucketedDDP):
         return list(self.module.parameters())
 
 
+class PersistentStateOnly(BucketedDDP):
+    """Wrapping broadcasts ``state_dict()``'s tensors: non-persistent buffers are left out."""
+
+    def _state_to_broadcast(self):
+        persistent = {id(t) for t in self.module.state_dict(keep_vars=True).values()}
+        return list(self.module.parameters()) + [b for b in self.module.buffers() if id(b) in persistent]
+
+
+class NonContiguousBroadcastLost(BucketedDDP):
+    """A non-contiguous tensor is broadcast through a dense copy that is never copied back."""
+
+    @torch.no_grad()
+    def _broadcast_from_rank0(self):
+        for tensor in self._state_to_broadcast():
+            dist.broadcast(tensor if tensor.is_contiguous() else tensor.contiguous(), src=0)
+
+
 class LastBucketNeverSent(BucketedDDP):
     """The last bucket in launch order is copied in but never all-reduced."""
 
@@ -244,6 +261,8 @@ class _Spec:
 _MUTANTS = {
     "sum_not_mean": (SumNotMean, _Spec("gradients summed over ranks, not averaged", ("replicas_match", "spec:exact_average", "spec:toy_training"), "bucketed")),
     "no_broadcast_at_wrap": (NoBroadcastAtWrap, _Spec("rank 0's parameters and buffers are not broadcast at wrap", ("replicas_match", "spec:wrap_broadcast", "spec:toy_training_tied"), "individual")),
+    "persistent_state_only": (PersistentStateOnly, _Spec("non-persistent buffers are not broadcast at wrap", ("spec:wrap_broadcast",), "bucketed")),
+    "non_contiguous_broadcast_lost": (NonContiguousBroadcastLost, _Spec("a non-contiguous parameter is broadcast into a copy never copied back", ("spec:wrap_broadcast",), "bucketed")),
     "buffers_not_broadcast": (BuffersNotBroadcast, _Spec("buffers are not broadcast at wrap", ("replicas_match", "spec:wrap_broadcast"), "bucketed")),
     "last_bucket_never_sent": (LastBucketNeverSent, _Spec("the last bucket is never all-reduced", ("replicas_match", "spec:exact_average"), "bucketed")),
     "finish_does_not_wait": (FinishDoesNotWait, _Spec("finish returns before the all-reduces complete", ("replicas_match", "spec:exact_average"), "individual")),

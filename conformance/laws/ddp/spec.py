@@ -179,32 +179,27 @@ def _local_grads(make, model: nn.Module, run) -> dict:
     return _grads(twin)
 
 
-def _exact_average(ctx, api, bucket_size_mb):
-    model = _seeded(lambda: ToyMLP(False), 300).to(ctx.device)
-    x, y = _batches(1, 8, 10, 5, seed=77 + ctx.rank)[0]
+def _one_averaged_step(ctx, api, bucket_size_mb, make, model_seed: int, data_seed: int) -> dict:
+    """One synced step of a fresh ``make()`` model: each rank's local gradient and the synced one."""
+    model = _seeded(make, model_seed).to(ctx.device)
+    x, y = _batches(1, 8, 10, 5, seed=data_seed + ctx.rank)[0]
     x, y = x.to(ctx.device), y.to(ctx.device)
     wrapped = api.wrap(model, bucket_size_mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    local = _local_grads(ToyMLP, model, lambda m: F.mse_loss(m(x), y).backward())
+    local = _local_grads(make, model, lambda m: F.mse_loss(m(x), y).backward())
     optimizer.zero_grad(set_to_none=True)
     api.start_batch(wrapped, optimizer)
     F.mse_loss(wrapped(x), y).backward()
     api.after_backward(wrapped, optimizer)
     return {"local": local, "synced": _grads(model)}
+
+
+def _exact_average(ctx, api, bucket_size_mb):
+    return _one_averaged_step(ctx, api, bucket_size_mb, lambda: ToyMLP(False), 300, 77)
 
 
 def _mixed_dtypes(ctx, api, bucket_size_mb):
-    model = _seeded(MixedDtypes, 350).to(ctx.device)
-    x, y = _batches(1, 8, 10, 5, seed=88 + ctx.rank)[0]
-    x, y = x.to(ctx.device), y.to(ctx.device)
-    wrapped = api.wrap(model, bucket_size_mb)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    local = _local_grads(MixedDtypes, model, lambda m: F.mse_loss(m(x), y).backward())
-    optimizer.zero_grad(set_to_none=True)
-    api.start_batch(wrapped, optimizer)
-    F.mse_loss(wrapped(x), y).backward()
-    api.after_backward(wrapped, optimizer)
-    return {"local": local, "synced": _grads(model)}
+    return _one_averaged_step(ctx, api, bucket_size_mb, MixedDtypes, 350, 88)
 
 
 def _frozen_and_unused(ctx, api, bucket_size_mb):
