@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import types
 import warnings
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -197,12 +198,43 @@ def test_small_grids_get_small_tiles_and_the_anchor_shapes_keep_the_table():
     assert ft.pick_backward_config(True, 64, True, 1, 128, h100) == ft._GPU_BWD[(True, 64)]
 
 
-@given(bucket=st.sampled_from((64, 128, 256)), fp32=st.booleans(), causal=st.booleans(),
-       batch_heads=st.integers(1, 64), n=st.integers(1, 1 << 17), sms=st.sampled_from((78, 108, 132)))
-def test_every_picked_forward_config_is_launchable(bucket, fp32, causal, batch_heads, n, sms):
-    """Whatever the table picks for any length, its split width is one the launcher accepts."""
-    cfg = ft.pick_forward_config(fp32, bucket, batch_heads, n, sms, causal)
-    ft._split_keys(cfg, n)  # raises ValueError on a width that is not a multiple of the tiles
+def _log_uniform(low_exp: int, high_exp: int):
+    """Integers spread evenly over octaves 2^low_exp .. 2^(high_exp + 1) - 1."""
+    return st.integers(low_exp, high_exp).flatmap(lambda e: st.integers(1 << e, (2 << e) - 1))
+
+
+# Where the split-KV tiers apply (three splits' worth of keys up to about half a wave of one
+# head) the width depends on N itself: half the lengths are drawn there, half anywhere.
+_SPLIT_REGION = st.integers(3 * ft._MIN_SPLIT_KEYS, 16384)
+
+
+@given(batch_heads=_log_uniform(0, 6), n=st.one_of(_log_uniform(0, 16), _SPLIT_REGION))
+@example(batch_heads=1, n=5000)  # 8 splits of 625 keys unless rounded to the tiles
+def test_every_picked_forward_config_is_launchable(batch_heads, n):
+    """Whatever the tables pick for any length, its split width is one the launcher accepts:
+    every table key (head-dim bucket, fp32 or not, causal or not, three SM counts) at one
+    head and at the drawn number of heads (a pick is microseconds: the keys are few)."""
+    for bucket, fp32, causal, sms, heads in itertools.product(
+            (64, 128, 256), (False, True), (False, True), (78, 108, 132), (1, batch_heads)):
+        cfg = ft.pick_forward_config(fp32, bucket, heads, n, sms, causal)
+        ft._split_keys(cfg, n)  # raises ValueError on a width that is not a multiple of the tiles
+
+
+def _split_entry_unrounded(tiers, waves, n_k):
+    """The split width as keys / splits, not rounded to a power of two (and so to the tiles)."""
+    for max_waves, cfg, splits in tiers:
+        if waves <= max_waves:
+            keys = max(ft._MIN_SPLIT_KEYS, triton.cdiv(n_k, splits))
+            return replace(cfg, split_keys=keys) if triton.cdiv(n_k, keys) >= 3 else None
+    return None
+
+
+def test_an_unrounded_split_width_is_rejected(monkeypatch):
+    """The launchability law's mutant: a table that cuts the keys into widths the tiles do
+    not divide must fail it."""
+    monkeypatch.setattr(ft, "_split_forward_entry", _split_entry_unrounded)
+    with pytest.raises(ValueError, match="split_keys"):
+        test_every_picked_forward_config_is_launchable()
 
 
 @given(bucket=st.sampled_from((64, 128, 256)), fp32=st.booleans(), causal=st.booleans(),

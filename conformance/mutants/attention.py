@@ -102,17 +102,32 @@ def _backward(q, k, v, o, lse, do, is_causal, scale, bugs):
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
+def _validate(q, k, v, is_causal, scale, bugs):
+    """impl's validation, or one of its checks left out or made too strict."""
+    if "value_head_dim_unchecked" in bugs and all(isinstance(t, torch.Tensor) for t in (q, v)):
+        v = v[..., : q.shape[-1]]  # only V's rows and leading dims are compared
+    if "bad_scale_accepted" in bugs and isinstance(scale, float) and not (math.isfinite(scale) and scale > 0):
+        scale = None  # only the type of the scale is checked
+    if "three_or_four_dims_only" in bugs and isinstance(q, torch.Tensor) and q.dim() not in (3, 4):
+        raise ValueError(f"attention: expected (B, N, d) or (B, H, N, d) inputs, got {tuple(q.shape)}")
+    max_head_dim = 128 if "head_dim_capped_at_128" in bugs else 256
+    validate_attention_inputs(q, k, v, is_causal, scale, dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64),
+                              max_head_dim=max_head_dim)
+
+
 def buggy_flash(bugs: frozenset):
     class BuggyFlash(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, is_causal=False, scale=None):
             try:
-                validate_attention_inputs(q, k, v, is_causal, scale, dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64), max_head_dim=256)
+                _validate(q, k, v, is_causal, scale, bugs)
             except (TypeError, ValueError) as exc:
                 if "vague_input_errors" in bugs:
                     raise type(exc)("invalid input") from None
                 raise
             o, lse, used_scale, is_causal = _forward(q, k, v, bool(is_causal), scale, bugs)
+            if "float64_lse_in_float32" in bugs and lse.dtype == torch.float64:
+                lse = lse.float().double()  # L kept in a float32 buffer whatever the inputs
             if "saves_flattened_lse" in bugs:
                 lse = lse.reshape(-1, lse.shape[-1]) if lse.dim() > 2 else lse.reshape(-1)
             ctx.save_for_backward(q, k, v, o, lse)
@@ -180,6 +195,16 @@ SPECS = (
            ("results_do_not_depend_on_earlier_calls",)),
     BuggyFlashSpec("vague_input_errors", "bad input raises ValueError('invalid input'): the message names neither the problem nor the values",
            ("spec:bad_input_errors",)),
+    BuggyFlashSpec("value_head_dim_unchecked", "V's head dim never compared with Q's: a mismatched V crashes deep in the computation",
+           ("spec:bad_input_errors",)),
+    BuggyFlashSpec("bad_scale_accepted", "a softmax scale of 0, a negative one, NaN or Inf accepted: NaN or meaningless outputs",
+           ("spec:bad_input_errors",)),
+    BuggyFlashSpec("three_or_four_dims_only", "(N, d) and (B, H, G, N, d) inputs refused, though the contract allows any leading dims",
+           ("spec:other_numbers_of_leading_dims",)),
+    BuggyFlashSpec("head_dim_capped_at_128", "head dims above 128 refused, below the documented maximum of 256",
+           ("spec:odd_head_dims",)),
+    BuggyFlashSpec("float64_lse_in_float32", "L rounded to float32 for float64 inputs: float64 gradients good to float32's ~1e-8 only",
+           ("float64_gradcheck",)),
     BuggyFlashSpec("saves_flattened_lse", "L saved as (B*H, N) instead of q.shape[:-1], breaking the CS336 contract",
            ("spec:saves_one_logsumexp_of_query_shape",)),
 )

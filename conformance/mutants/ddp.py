@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from impl.ddp import BucketedDDP, OverlappedIndividualDDP, comm
-from impl.ddp.bucketed import MIB
+from impl.ddp.bucketed import MIB, plan_buckets
 
 from conformance.lawbook import Mutant
 
@@ -181,6 +181,25 @@ class MissingGradientBecomesZero(BucketedDDP):
             p.grad = view
 
 
+class MissingGradientSentStale(BucketedDDP):
+    """A rank without a parameter's gradient sends whatever its bucket slot still holds
+    (last step's average) instead of zero: right until a step where only some ranks use a
+    parameter that an earlier step reduced."""
+
+    @staticmethod
+    def _fill_missing(view):
+        pass
+
+
+class BucketMixesDtypes(BucketedDDP):
+    """Buckets packed by size alone: parameters of another dtype share the first one's
+    flat buffer (gradients cast into it, views of the wrong dtype handed back)."""
+
+    def _layout(self, order):
+        cap = None if self.bucket_size_mb is None else self.bucket_size_mb * MIB
+        return plan_buckets([p.numel() * p.element_size() for _, p in order], [p.device for _, p in order], cap)
+
+
 class PresenceFlagsNotReset(BucketedDDP):
     """The per-bucket presence flags are not set back to 1 after a round: a rank with every
     gradient writes no flags, so it sends last round's averaged flags.  After a round where
@@ -269,6 +288,8 @@ _MUTANTS = {
     "tied_weight_in_two_buckets": (TiedWeightInTwoBuckets, _Spec("a tied weight is bucketed and reduced once per name", ("layout",), "bucketed")),
     "frozen_parameter_reduced": (FrozenParameterReduced, _Spec("frozen parameters are bucketed and get zero gradients", ("layout", "replicas_match", "spec:frozen_and_unused"), "bucketed")),
     "presence_flags_not_reset": (PresenceFlagsNotReset, _Spec("presence flags keep last round's average", ("spec:frozen_and_unused",), "bucketed")),
+    "missing_gradient_sent_stale": (MissingGradientSentStale, _Spec("a rank without a gradient sends its bucket slot's stale contents, not zero", ("spec:frozen_and_unused",), "bucketed")),
+    "bucket_mixes_dtypes": (BucketMixesDtypes, _Spec("float32 and float64 gradients packed into one bucket of the first one's dtype", ("spec:mixed_dtypes",), "bucketed")),
     "missing_gradient_becomes_zero": (MissingGradientBecomesZero, _Spec("a gradient no rank produced becomes zero, not None", ("replicas_match", "spec:frozen_and_unused"), "bucketed")),
     # its bug is a race (the early all-reduce reads the bucket before or after the rest of
     # the micro-batch is accumulated into it): the no_sync law's many examples catch it; the

@@ -130,7 +130,7 @@ class BucketedDDP(OrderedOverlapBase):
             sources, targets = [], []
             for p, view, here in zip(bucket.params, bucket.views, present):
                 if not here:
-                    view.zero_()  # a missing gradient counts as zero
+                    self._fill_missing(view)
                 elif p.grad is not view:
                     sources.append(p.grad)
                     targets.append(view)
@@ -147,6 +147,10 @@ class BucketedDDP(OrderedOverlapBase):
         for p, view, here in zip(bucket.params, bucket.views, present):
             if here:
                 p.grad = view
+
+    @staticmethod
+    def _fill_missing(view: torch.Tensor) -> None:
+        view.zero_()  # a gradient this rank did not produce counts as zero in the average
 
     def _end_round(self) -> None:
         # After the average a flag reads 1 only if every rank had the gradient: set them all
