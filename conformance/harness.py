@@ -92,6 +92,7 @@ import contextlib
 import faulthandler
 import os
 import pickle
+import re
 import reprlib
 import shutil
 import signal
@@ -134,6 +135,38 @@ class RankContext:
     world_size: int
     device: torch.device  # cpu, or cuda:<rank> with NCCL
     backend: str  # "gloo" or "nccl"
+
+
+_SIGNALS = {6: "SIGABRT: an abort, e.g. gloo or NCCL on mismatched collectives", 9: "SIGKILL", 11: "SIGSEGV: a crash in native code"}
+
+
+def _last_frame(tb: str) -> str:
+    """The innermost 'File "...", line N' of a formatted traceback, with its source line."""
+    lines = tb.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = re.match(r'\s*File "([^"]+)", line (\d+)', lines[i])
+        if m:
+            source = lines[i + 1].strip() if i + 1 < len(lines) and not lines[i + 1].lstrip().startswith("File ") else ""
+            return f"{m.group(1)}:{m.group(2)}" + (f": `{source}`" if source else "")
+    return ""
+
+
+def _cause(state: "_CaseState", rank: int) -> str:
+    """What went wrong on the blamed rank, for the failure's first line (a report shows only
+    that line): its exception and message, where it was raised when there is no message,
+    or how it died."""
+    if rank in state.dead:
+        code = state.dead[rank]
+        how = _SIGNALS.get(-code) if isinstance(code, int) and code < 0 else None
+        return f"died (exit code {code}{', ' + how if how else ''})"
+    exc_type, tb = state.errors[rank]
+    if exc_type.startswith("verdict:"):
+        return "failed"
+    message = (state.messages.get(rank) or "").strip().splitlines()
+    if message:
+        return f"raised {exc_type}: {message[0][:200]}"
+    where = _last_frame(tb)
+    return f"raised {exc_type} without a message" + (f" at {where}" if where else "")
 
 
 class RankFailure(AssertionError):
@@ -609,7 +642,7 @@ class _Pool:
             lines.append(f"rank {rank} had not finished ({state.phase[rank]})")
         for rank in sorted(set(range(self.world_size)) - state.pending - set(state.errors) - set(state.dead)):
             lines.append(f"rank {rank} finished")
-        head = f"rank {first} failed in case {case} on {self.label}"
+        head = f"rank {first} {_cause(state, first)} in case {case} on {self.label}"
         tail = "the pool was kept (every rank raised and they re-synchronised)" if keep else "the pool was torn down"
         message = head + "\n" + "\n".join(lines) + "\n" + tail
         if not keep:

@@ -130,6 +130,35 @@ def _counterexample(text: str) -> str:
     return " ".join(dict.fromkeys(lines))[:600]
 
 
+_BARE_EXCEPTION = re.compile(r"^[\w.]*(Error|Exception|Failure|Interrupt)$")
+_SUITE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _where_raised(report) -> str:
+    """Where a message-less exception came from, as "path:line: source": a bare
+    ``AssertionError`` from the target's own ``assert`` says nothing a student can act on
+    until it says which assert."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    if crash is None or not getattr(crash, "path", None):
+        return ""
+    path, line = str(crash.path), int(crash.lineno)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            source = f.read().splitlines()[line - 1].strip()
+    except (OSError, IndexError):
+        source = ""
+    shown = os.path.relpath(path, _SUITE_ROOT) if path.startswith(_SUITE_ROOT + os.sep) else path
+    return f"{shown}:{line}" + (f": `{source}`" if source else "")
+
+
+def with_location(message: str, report) -> str:
+    """``message``, or for a bare exception name, that name and where it was raised."""
+    if not _BARE_EXCEPTION.match(message):
+        return message
+    where = _where_raised(report)
+    return f"{message} raised without a message at {where}" if where else message
+
+
 def _tier_label(tier: str, extra: str) -> str:
     return "contract" if tier == CONTRACT else f"beyond the contract: {extra}"
 
@@ -199,7 +228,7 @@ class ConformanceReport:
                 {
                     "test": report.nodeid,
                     "tier": _tier_label(tier, extra),
-                    "message": first.lstrip("E").strip()[:400],
+                    "message": with_location(first.lstrip("E").strip(), report)[:400],
                     "counterexample": _counterexample(text),
                     "replay": self.replay_command(report.nodeid),
                     "blob": blob.group(1) if blob else "",

@@ -73,6 +73,12 @@ def sleep_on_rank(ctx: RankContext, sleepy_rank: int):
     return t
 
 
+def bare_assert_on_rank(ctx: RankContext, bad_rank: int):
+    """bad_rank fails an assert that has no message, as a student's shape check would."""
+    assert ctx.rank != bad_rank
+    return ctx.rank
+
+
 def exit_on_rank(ctx: RankContext, dying_rank: int, code: int):
     if ctx.rank == dying_rank:
         os._exit(code)
@@ -272,6 +278,8 @@ def test_an_exception_on_rank_1_names_rank_case_and_traceback_without_waiting_fo
     assert info.value.rank == 1 and info.value.exc_type == "ValueError"
     assert "rank 1" in message and "raise_on_rank(1)" in message
     assert "deliberate failure on rank 1" in message and "Traceback" in message
+    # a report shows the first line only: it carries the cause
+    assert message.splitlines()[0].startswith("rank 1 raised ValueError: deliberate failure on rank 1 in case ")
     assert "in raise_on_rank" in info.value.rank_traceback and "_rank_main" not in info.value.rank_traceback
     assert elapsed < 10, f"rank 0 sat in an all-reduce; the failure took {elapsed:.1f} s to surface"
     # and the harness works again
@@ -322,7 +330,16 @@ def test_a_rank_that_dies_is_reported_with_its_exit_code(rank_device):
     assert time.monotonic() - start < 10
     assert info.value.rank == 1
     assert "rank 1 died (exit code 7)" in str(info.value) and "exit_on_rank(1, 7)" in str(info.value)
+    assert str(info.value).splitlines()[0].startswith("rank 1 died (exit code 7) in case ")
     assert [r[0] for r in run_on_ranks(identity, 2, timeout=30, device=rank_device)] == [0, 1]
+
+
+def test_a_bare_assert_on_a_rank_is_reported_with_the_assert_itself():
+    with pytest.raises(RankFailure) as info:
+        run_on_ranks(bare_assert_on_rank, 2, 0, timeout=30, device="cpu")
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("rank 0 raised AssertionError without a message at "), first
+    assert "test_harness.py:" in first and "`assert ctx.rank != bad_rank`" in first, first
 
 
 def test_not_offered_on_every_rank_is_not_offered_in_the_parent():

@@ -209,3 +209,22 @@ def test_the_contract_verdict_leads_and_a_failing_extra_only_lowers_the_count():
     assert row["failures"][0]["tier"] == "beyond the contract: scale backward"
     report.pytest_runtest_logreport(_report(contract.replace("noncausal", "x"), "failed", longrepr="E   AssertionError: O"))
     assert _row(report, "attention pytorch backward")["status"] == "FAILS"
+
+
+def test_a_bare_assertion_from_the_targets_code_says_which_assert(tmp_path):
+    """A message-less AssertionError (a student's own shape check) reads as the assert that
+    failed, with its file and line: "AssertionError" alone gives a student nothing to act on."""
+    source = tmp_path / "student_attention.py"
+    source.write_text("def forward(q):\n    assert q.shape[-2] % 16 == 0\n")
+
+    class Longrepr:  # what pytest hands over for a failure raised at source:2
+        reprcrash = SimpleNamespace(path=str(source), lineno=2, message="AssertionError")
+
+        def toterminal(self, tw):
+            tw.line("E   AssertionError")
+
+    report = _controller()
+    nodeid = "conformance/spec/test_attention.py::test_api_contract[pytorch-four_dim_inputs]"
+    report.pytest_runtest_logreport(_report(nodeid, "failed", longrepr=Longrepr()))
+    message = _row(report, "attention pytorch forward")["failures"][0]["message"]
+    assert message == f"AssertionError raised without a message at {source}:2: `assert q.shape[-2] % 16 == 0`"
