@@ -28,7 +28,15 @@ _CAUSAL_BY_LENGTHS: dict = {}  # causal_flag_cached_by_lengths: the first flag s
 _OUTPUT_BUFFERS: dict = {}  # output_buffer_reused: one O buffer per (shape, dtype), handed out every call
 
 
+_SHAPES_COMPILED: set = set()  # compiled_per_shape_with_a_limit: the shapes "compiled" so far
+COMPILE_LIMIT = 8  # torch._dynamo.config.recompile_limit's default
+
+
 def _forward(q, k, v, is_causal, scale, bugs):
+    if "compiled_per_shape_with_a_limit" in bugs:  # as torch.compile(dynamic=False, fullgraph=True)
+        _SHAPES_COMPILED.add((q.shape, q.dtype, bool(is_causal)))
+        if len(_SHAPES_COMPILED) > COMPILE_LIMIT:
+            raise RuntimeError(f"recompile limit ({COMPILE_LIMIT}) exceeded: a new shape after {COMPILE_LIMIT} compiled ones")
     if "causal_flag_cached_by_lengths" in bugs:  # as a mask cached by sequence lengths alone would
         is_causal = _CAUSAL_BY_LENGTHS.setdefault((q.shape[-2], k.shape[-2], q.device), is_causal)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -205,6 +213,8 @@ SPECS = (
            ("spec:odd_head_dims",)),
     BuggyFlashSpec("float64_lse_in_float32", "L rounded to float32 for float64 inputs: float64 gradients good to float32's ~1e-8 only",
            ("float64_gradcheck",)),
+    BuggyFlashSpec("compiled_per_shape_with_a_limit", "one compiled variant per input shape and an error past eight, as torch.compile with dynamic=False and fullgraph=True",
+           ("spec:many_shapes_in_one_process",)),
     BuggyFlashSpec("saves_flattened_lse", "L saved as (B*H, N) instead of q.shape[:-1], breaking the CS336 contract",
            ("spec:saves_one_logsumexp_of_query_shape",)),
 )

@@ -10,6 +10,7 @@ against our ``impl``, any ``--target``, and every kept mutant.
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass, replace
 
 import torch
@@ -378,6 +379,18 @@ LAWS_BY_NAME = by_name(LAWS + CONTRACT_LAWS)
 LONG_EXAMPLES = 3
 
 
+def fresh_compile_caches() -> None:
+    """Each example starts with torch.compile's caches empty.  A target that compiles its
+    tiles with ``dynamic=False`` recompiles for every new shape and, with ``fullgraph=True``,
+    raises once a code object passes ``torch._dynamo.config.recompile_limit``: in one process
+    that runs many examples, any law would then fail on whatever example came ninth (and
+    shrink to the smallest case, blaming it).  The laws judge each case on its own; the spec
+    case ``many_shapes_in_one_process`` judges the limit."""
+    dynamo = sys.modules.get("torch._dynamo")  # nobody compiled: nothing to reset, no import
+    if dynamo is not None:
+        dynamo.reset()
+
+
 def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> None:
     """Run one law under Hypothesis against ``attn``; raises the shrunk counterexample.
 
@@ -398,6 +411,7 @@ def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> Non
     @given(case=strategy)
     def run(case):
         note(repr(case))
+        fresh_compile_caches()
         law.check(attn, case, device)
 
     if law.tier != CONTRACT and law.name != "float64_gradcheck":

@@ -42,6 +42,7 @@ from conformance.laws.attention.laws import (
     accepts_scale,
     call,
     forward_matches_float64_reference,
+    fresh_compile_caches,
     gradients_match_float64_reference,
     saved_logsumexp,
 )
@@ -235,7 +236,33 @@ def other_numbers_of_leading_dims(attn, device):
         gradients_match_float64_reference(attn, case, device)
 
 
-_API_BOTH = (four_dim_inputs, other_numbers_of_leading_dims, unequal_query_and_key_lengths, standard_head_dims, odd_head_dims, noncontiguous_inputs,
+# Twelve shapes of the contract's kind (N a power of two from 16, d 16..64, no masking):
+# more than torch.compile's default recompile limit (8 a code object).
+MANY_SHAPES = tuple((n, d) for d in (16, 32, 64) for n in (16, 32, 64, 128))
+
+
+def many_shapes_in_one_process(attn, device):
+    """Twelve shapes one after another in one process, each forward and backward matching
+    the reference: a training run (evaluation at other lengths) or the handout's benchmark
+    sweep meets many shapes.  A per-shape cache with a limit fails here, as torch.compile
+    with ``dynamic=False`` and ``fullgraph=True`` does past its recompile limit."""
+    fresh_compile_caches()  # the verdict does not depend on what ran before in this process
+    for i, (n, d) in enumerate(MANY_SHAPES):
+        case = _case(batch=(2,), n_q=n, n_k=n, d=d, causal=False, seed=100 + i)
+        try:
+            forward_matches_float64_reference(attn, case, device)
+            gradients_match_float64_reference(attn, case, device)
+        except Exception as exc:  # noqa: BLE001 - which shape, and after how many, is the verdict
+            first = (str(exc).strip().splitlines() or [""])[0]
+            hint = ""
+            if "recompile" in str(exc).lower():
+                hint = (" (torch.compile recompiles for every new shape when dynamic=False and stops at "
+                        "torch._dynamo.config.recompile_limit; let it compile dynamic shapes)")
+            raise AssertionError(f"shape {i + 1} of {len(MANY_SHAPES)} in one process (N={n}, d={d}), after "
+                                 f"{i} others passed: {type(exc).__name__}: {first}{hint}") from exc
+
+
+_API_BOTH = (four_dim_inputs, many_shapes_in_one_process, other_numbers_of_leading_dims, unequal_query_and_key_lengths, standard_head_dims, odd_head_dims, noncontiguous_inputs,
              explicit_softmax_scale, bad_input_errors, different_devices_error)
 API = {
     "pytorch": (is_causal_defaults_to_false, cs336_causal_forward_backward) + _API_BOTH,

@@ -146,11 +146,11 @@ def memory_cases():
 
 
 def wide_cases():
-    return fsdp_cases(world_sizes(), computes=(None, "fp16", "bf16"))
+    return fsdp_cases(world_sizes(), computes=(None, "fp16", "bf16"), ties=True, freezes=True)
 
 
 def strategy_cases():
-    strategies = fsdp_cases(world_sizes(), strategies=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"))
+    strategies = fsdp_cases(world_sizes(), strategies=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"), freezes=True)
     return strategies.map(lambda c: c.with_(eval_forward=True))
 
 
@@ -163,8 +163,9 @@ def low_precision_cases():
 
 
 def evaluation_cases():
-    """get_fsdp's models, then one forward under torch.no_grad."""
-    return fsdp_cases(world_sizes(2), widths=(6, 16), depths=(2, 3)).map(lambda c: c.with_(eval_forward=True))
+    """get_fsdp's models, then one forward under torch.no_grad; frozen layers too (their
+    matrices have no gradient whose hook could free them)."""
+    return fsdp_cases(world_sizes(2), widths=(6, 16), depths=(2, 3), freezes=True).map(lambda c: c.with_(eval_forward=True))
 
 
 def invariance_cases():

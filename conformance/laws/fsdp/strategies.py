@@ -42,18 +42,21 @@ class FSDPCase:
 
 
 @st.composite
-def fsdp_cases(draw, world_sizes: st.SearchStrategy[int], *, computes=(None, "fp16", "bf16"), strategies=(None,), micro=(1,), delay=False, steps=(1, 3), contract=False, widths=(1, 9), depths=(1, 3)):
+def fsdp_cases(draw, world_sizes: st.SearchStrategy[int], *, computes=(None, "fp16", "bf16"), strategies=(None,), micro=(1,), delay=False, steps=(1, 3), contract=False, widths=(1, 9), depths=(1, 3), ties=False, freezes=False):
     """A random model, world size, precision, optimizer and number of steps.
 
     ``contract``: CS336's shapes only (an Embedding, norms, Linears, an untied head, no
-    frozen parameter), SGD as in its test."""
+    frozen parameter), SGD as in its test.  ``ties``, ``freezes``: a head tied to the
+    embedding, a frozen layer may be drawn; only the laws whose subject includes them draw
+    them, so that a wrapper without them fails those laws, not every law whose subject is
+    something else."""
     world = draw(world_sizes)
     depth = draw(st.integers(*depths))
     widths = list(draw(st.lists(st.integers(*widths), min_size=depth + 1, max_size=depth + 1)))
-    tied = False if contract else draw(st.booleans())
+    tied = False if contract or not ties else draw(st.booleans())
     if tied:
         widths[-1] = widths[0]
-    frozen = None if contract or depth < 2 else draw(st.one_of(st.none(), st.integers(0, depth - 1)))
+    frozen = None if contract or not freezes or depth < 2 else draw(st.one_of(st.none(), st.integers(0, depth - 1)))
     delay_rank = draw(st.integers(0, world - 1)) if delay and world > 1 else None
     return FSDPCase(
         world_size=world,
