@@ -255,7 +255,7 @@ def many_shapes_in_one_process(attn, device):
         except Exception as exc:  # noqa: BLE001 - which shape, and after how many, is the verdict
             first = (str(exc).strip().splitlines() or [""])[0]
             hint = ""
-            if "recompile" in str(exc).lower():
+            if "recompile" in f"{type(exc).__name__} {exc}".lower():
                 hint = (" (torch.compile recompiles for every new shape when dynamic=False and stops at "
                         "torch._dynamo.config.recompile_limit; let it compile dynamic shapes)")
             raise AssertionError(f"shape {i + 1} of {len(MANY_SHAPES)} in one process (N={n}, d={d}), after "
