@@ -220,6 +220,14 @@ NOTES = {
 }
 
 
+# Shown where a Triton flavour's checks ran on a CPU machine.
+TRITON_ON_THE_CPU = (
+    "these checks ran on the CPU, with CPU tensors under the Triton interpreter (TRITON_INTERPRET=1). "
+    "A class that hands CPU tensors to other code (a PyTorch fallback) was judged on that code, "
+    "not on its kernel; on a GPU (--device cuda) the kernel itself is judged."
+)
+
+
 def has_checks(family: str, exists) -> bool:
     """Whether the suite has a test module for ``family`` (``exists(module) -> bool``)."""
     return any(exists(m) for m in FAMILY_MODULES.get(family, ()))

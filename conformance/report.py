@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import pytest
 
+from conformance.harness import resolve_device
 from conformance.capabilities import CONTRACT, SELF, capability_of_nodeid, tier_of_nodeid, unknown_modules
 
 STATUS_ORDER = ("FAILS", "conforms", "not offered", "not run here")
@@ -317,11 +318,8 @@ class ConformanceReport:
             out.append(f"| {r.capability} | {r.status} | {r.why()} |")
         for family, why in self.unchecked():
             out.append(f"| {family} | {'no checks yet' if why.startswith('no checks') else 'not checked'} | {why} |")
-        from conformance.capabilities import NOTES
-
-        for family, note in NOTES.items():
-            if any(r.capability == family or r.capability.startswith(family + " ") for r in self.rows()):
-                out += ["", f"Note on {family}: {note}"]
+        for family, note in self.notes():
+            out += ["", f"Note on {family}: {note}"]
         fails = [r for r in self.rows() if r.failures]
         if fails:
             out += ["", "## Failures"]
@@ -334,11 +332,24 @@ class ConformanceReport:
                         out.append(f"  - replay: `{f['replay']}`")
         return "\n".join(out) + "\n"
 
+    def notes(self) -> list[tuple[str, str]]:
+        """(family, note) for each note that bears on a row of this run."""
+        from conformance.capabilities import NOTES, TRITON_ON_THE_CPU
+
+        def ran(family):
+            return [r for r in self.rows() if r.capability == family or r.capability.startswith(family + " ")]
+
+        out = [(family, note) for family, note in NOTES.items() if ran(family)]
+        if any(r.passed or r.failed for r in ran("attention triton")) and resolve_device() == "cpu":
+            out.append(("attention triton", TRITON_ON_THE_CPU))
+        return out
+
     def as_json(self) -> dict:
         self.count_unreported()
         return {
             "target": self.config.getoption("--target", None) or "impl",
             "note": self.target_note(),
+            "notes": {family: note for family, note in self.notes()},
             "collected": len(self.collected),
             "never_reported": sum(r.unreported for r in self.rows()),
             "capabilities": [
@@ -379,11 +390,8 @@ class ConformanceReport:
             tr.write(f"  {family:<{width}}  ")
             tr.write(f"{'no checks yet' if why.startswith('no checks') else 'not checked':<13}", yellow=True)
             tr.write_line(f"  {why}")
-        from conformance.capabilities import NOTES
-
-        for family, note in NOTES.items():
-            if any(r.capability == family or r.capability.startswith(family + " ") for r in self.rows()):
-                tr.write_line(f"  note on {family}: {note}")
+        for family, note in self.notes():
+            tr.write_line(f"  note on {family}: {note}")
         unreported = sum(r.unreported for r in self.rows())
         if unreported:
             tr.write_line(

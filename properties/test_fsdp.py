@@ -47,6 +47,11 @@ def test_contract_at_rest_no_full_parameter_is_held_and_bytes_are_total_over_w_p
     _run("fsdp_memory_at_rest_is_sharded", target)
 
 
+def test_contract_forward_gathers_a_layer_only_once_the_layer_two_before_it_has_run(target):
+    # a mechanical check: an up-front gather shows in any example deep enough, and every one is
+    _run("fsdp_forward_gathers_at_most_two_layers_ahead", target, examples(6))
+
+
 def test_tied_frozen_adamw_and_bf16_models_match_one_process(target):
     _run("fsdp_wider_models_match_one_process", target)
 

@@ -218,6 +218,18 @@ class BackwardPrefetchesForwardOrder(FSDP):
         self._prefetch(unit, +1)
 
 
+class GathersEverythingUpFront(FSDP):
+    """Forward starts gathering every unit before the first layer runs, as a wrapper that
+    all-gathers the whole model in its forward and then computes: the whole model is held
+    at once, where the handout bounds it to the layers two ahead."""
+
+    def forward(self, *args, **kwargs):
+        for unit in self._units:
+            for flat in unit.flats:
+                self._start_gather(flat)
+        return super().forward(*args, **kwargs)
+
+
 class _Target:
     """A target offering one FSDP class through the protocol's names."""
 
@@ -245,7 +257,7 @@ class _Target:
 
 SPECS = (
     ("sum_not_mean", SumNotMean, "sharded gradients summed over ranks, not averaged", ("fsdp_trajectory_matches_one_process",)),
-    ("padding_not_stripped", PaddingNotStripped, "gather returns a unit's last parameter with the padding on", ("fsdp_trajectory_matches_one_process",)),
+    ("padding_not_stripped", PaddingNotStripped, "gather returns a unit's last parameter with the padding on", ("fsdp_wider_models_match_one_process",)),
     ("replicated_never_averaged", ReplicatedNeverAveraged, "replicated (norm) gradients never averaged over ranks", ("fsdp_replicated_gradients_are_bit_identical", "fsdp_trajectory_matches_one_process")),
     ("last_reduction_not_waited", LastReductionNotWaited, "the last reduction issued is not waited for", ("fsdp_delayed_collectives_change_nothing",)),
     ("full_params_never_freed", FullParamsNeverFreed, "gathered buffers never released", ("fsdp_memory_at_rest_is_sharded",)),
@@ -261,6 +273,7 @@ SPECS = (
     ("frees_only_at_finish", FreesOnlyAtFinish, "units freed at on_after_backward, not after their backward", ("fsdp_frees_after_backward_and_evaluation", "fsdp_strategies_match_one_process")),
     ("evaluation_keeps_gathered", EvaluationKeepsGathered, "SHARD_GRAD_OP keeps units gathered after a no_grad forward", ("fsdp_strategies_match_one_process",)),
     ("backward_prefetches_forward_order", BackwardPrefetchesForwardOrder, "backward prefetches in forward order, re-gathering finished units", ("fsdp_backward_gathers_no_more_than_forward",)),
+    ("gathers_everything_up_front", GathersEverythingUpFront, "forward gathers every unit before the first layer runs", ("fsdp_forward_gathers_at_most_two_layers_ahead",)),
     ("hybrid_replicas_not_reduced", HybridReplicasNotReduced, "HYBRID_SHARD never reduces across replica groups", ("fsdp_strategies_match_one_process",)),
 )
 

@@ -228,3 +228,17 @@ def test_a_bare_assertion_from_the_targets_code_says_which_assert(tmp_path):
     report.pytest_runtest_logreport(_report(nodeid, "failed", longrepr=Longrepr()))
     message = _row(report, "attention pytorch forward")["failures"][0]["message"]
     assert message == f"AssertionError raised without a message at {source}:2: `assert q.shape[-2] % 16 == 0`"
+
+
+def test_a_triton_row_judged_on_the_cpu_says_what_ran(monkeypatch):
+    """On a CPU machine a Triton class may hand CPU tensors to a PyTorch fallback: the
+    report says the verdict is about the code that ran, and says nothing of it on a GPU."""
+    nodeid = "conformance/spec/test_attention.py::test_cs336_contract[triton-cs336_noncausal_forward_backward]"
+    for device, expected in (("cpu", True), ("cuda", False)):
+        monkeypatch.setenv("SUITE_DEVICE", device)
+        report = _controller()
+        report.pytest_runtest_logreport(_report(nodeid, "passed"))
+        notes = dict(report.notes())
+        assert ("attention triton" in notes) == expected, notes
+        if expected:
+            assert "fallback" in notes["attention triton"] and "attention triton" in report.as_json()["notes"]

@@ -263,3 +263,63 @@ def check_backward_gathers(case: FSDPCase, results: list[dict]) -> None:
         if backward > forward:
             raise AssertionError(f"rank {r}: backward issued {backward} all-gathers over {case.steps} step(s), forward {forward}: "
                                  f"some unit is gathered more than once in backward (a prefetch of a unit whose backward is done?)")
+
+
+LOOKAHEAD = 2  # layers gathered ahead of the one whose forward begins
+
+
+def check_gather_window(case: FSDPCase, results: list[dict]) -> None:
+    """Forward gathers no further ahead than two layers (CS336: "only start gathering after
+    the layer two before the current one has completed its forward pass", to limit memory).
+
+    Read from the order of events in the first forward: when layer k's forward begins (its
+    position among the layers as they ran), the elements all-gathered so far in forward are
+    at most those of layers 0 .. k + 2, each padded to a multiple of W.  The strict reading
+    (gathering of layer j begins after layer j - 2 ends) allows layers up to k + 1 at that
+    moment; one more is allowed for a prefetch issued inside layer k's own hook.  A wrapper
+    that gathers the whole model before the first layer runs holds every layer at once."""
+    if shard_size(case) == 1:
+        return
+    model = models.build(case)
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
+    layers = models.matrix_names(model)
+    W = case.world_size
+
+    def padded(name):  # flat shards pad the elements to a multiple of W; row shards, the rows
+        shape = shapes[name]
+        numel = math.prod(shape)
+        rows = -(-shape[0] // W) * W if shape else W
+        return max(-(-numel // W) * W, rows * math.prod(shape[1:]))
+
+    # what is not a layer (norm gains) may be gathered too, by a wrapper that shards it
+    others = sum(padded(n) for n in shapes if n not in layers)
+    for r, res in enumerate(results):
+        order, gathered = [], 0
+        for entry in res.get("timeline", []):
+            if entry[0] == "gather":
+                if entry[1] != "forward":
+                    if order:
+                        break  # the first forward is over
+                    continue
+                gathered += entry[2]
+                continue
+            name = entry[1]
+            if name in order:
+                continue
+            order.append(name)
+            unseen = [n for n in layers if n not in order]
+            k = len(order) - 1
+            # layers that have not run yet may be anywhere after k: the window counts the
+            # largest of them, as many as the window still has room for
+            ahead = sorted((padded(n) for n in unseen), reverse=True)[:LOOKAHEAD]
+            allowed = sum(padded(n) for n in order) + sum(ahead) + others
+            if gathered > allowed:
+                raise AssertionError(
+                    f"rank {r}: when layer {name} (the {_ordinal(k + 1)} to run) began its forward, {gathered} elements had "
+                    f"been all-gathered in forward, more than the {allowed} of the layers up to it, the {LOOKAHEAD} "
+                    f"largest after it and the parameters that are no layer's: gather a layer only once the layer two before it has finished its forward "
+                    f"(the handout's bound on memory), not the whole model up front")
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"

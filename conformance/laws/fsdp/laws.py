@@ -95,6 +95,12 @@ def strategy_parity_and_memory(target_spec: str, case: FSDPCase) -> None:
     checks.check_frees_after_no_grad_forward(case, results)
 
 
+def gathers_at_most_two_layers_ahead(target_spec: str, case: FSDPCase) -> None:
+    """Forward starts gathering a layer only once the layer two before it has finished its
+    forward: when a layer's forward begins, no more than it and two more have been gathered."""
+    checks.check_gather_window(case, train(target_spec, case))
+
+
 def frees_after_forward(target_spec: str, case: FSDPCase) -> None:
     """FULL_SHARD: after forward no unit but the root holds full parameters."""
     checks.check_memory(case, train(target_spec, case), after_forward=True)
@@ -145,6 +151,14 @@ def memory_cases():
     return fsdp_cases(world_sizes(), computes=(None, "fp16"), contract=True, widths=(6, 16), depths=(2, 3))
 
 
+def window_cases():
+    """The contract's models, deep enough (5 to 7 layers) and wide enough that the whole
+    model is more than the three layers (and the norm gains) a forward may hold gathered;
+    two steps or three, so that the forward observed (the last step's) runs after a wrapper
+    has learnt the order of the layers, as its prefetch may."""
+    return fsdp_cases(world_sizes(2), computes=(None, "fp16"), contract=True, widths=(6, 16), depths=(3, 5), steps=(2, 3))
+
+
 def wide_cases():
     return fsdp_cases(world_sizes(), computes=(None, "fp16", "bf16"), ties=True, freezes=True)
 
@@ -186,6 +200,7 @@ LAWS = (
     Law("fsdp_dtypes_fp32_master_compute_dtype_communication", CAPABILITY, CONTRACT, contract_cases, dtypes),
     Law("fsdp_replicated_gradients_are_bit_identical", CAPABILITY, CONTRACT, contract_cases, replicated_gradients, needs=("2 ranks",)),
     Law("fsdp_memory_at_rest_is_sharded", CAPABILITY, CONTRACT, memory_cases, memory_at_rest, needs=("2 ranks",)),
+    Law("fsdp_forward_gathers_at_most_two_layers_ahead", CAPABILITY, CONTRACT, window_cases, gathers_at_most_two_layers_ahead, needs=("2 ranks",)),
     Law("fsdp_wider_models_match_one_process", CAPABILITY, API, wide_cases, trajectory_parity, needs=("2 ranks",), extra="tied, frozen, AdamW, bf16"),
     Law("fsdp_strategies_match_one_process", CAPABILITY, API, strategy_cases, strategy_parity_and_memory, needs=("2 ranks",), extra="sharding strategies"),
     Law("fsdp_full_shard_frees_after_forward", CAPABILITY, API, full_shard_cases, frees_after_forward, needs=("2 ranks",), extra="reshard after forward"),

@@ -38,6 +38,21 @@ def _attr_holds_full(module, name: str, numel: int) -> bool:
     return t.numel() >= numel and memory.storage_bytes(t) >= numel * t.element_size()
 
 
+def _mark_layers(fsdp_model, matrices: list[str]) -> list:
+    """A forward pre-hook on whatever module now sits where each matrix's module was (a
+    wrapper may have swapped it for its own), registered after the wrapper's own hooks:
+    it marks the spy's timeline when that layer's forward begins."""
+    handles = []
+    for name in matrices:
+        owner = name.rpartition(".")[0]
+        try:
+            module = fsdp_model.module.get_submodule(owner)
+        except AttributeError:
+            continue
+        handles.append(module.register_forward_pre_hook(lambda mod, args, _name=name: spy.SPY.mark(_name)))
+    return handles
+
+
 def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -> dict:
     """Train ``case.steps`` steps on this rank's slice of every batch; report what a law needs."""
     torch.use_deterministic_algorithms(True)
@@ -61,6 +76,7 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
     gather = target.factory("fsdp_gather_full_params")
     no_sync = target.factory("fsdp_no_sync") if case.micro > 1 else None
     optimizer = make_optimizer(case, fsdp_model.parameters())
+    observed_from = 0
     for step in range(case.steps):
         rec = {}
         optimizer.zero_grad(set_to_none=True)
@@ -71,7 +87,12 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
             ctx_mgr = contextlib.nullcontext() if last else no_sync(fsdp_model)
             with ctx_mgr:
                 spy.SPY.phase = "forward"
+                marks = []
+                if observe and step == case.steps - 1 and micro == 0:  # the last step's forward: any order learnt
+                    marks, observed_from = _mark_layers(fsdp_model, matrices), len(spy.SPY.timeline)
                 loss = models.loss_of(fsdp_model(ids[sl]), labels[sl]) / case.micro
+                for handle in marks:
+                    handle.remove()
                 if observe and last:
                     rec["full_attrs_after_forward"] = sorted(
                         n for n in matrices if n not in tied_names and _attr_holds_full(fsdp_model.module, n, numels[n])
@@ -120,5 +141,6 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
             n for n in matrices if n not in tied_names and _attr_holds_full(fsdp_model.module, n, numels[n])
         )
     out["collectives"] = list(spy.SPY.events)
+    out["timeline"] = list(spy.SPY.timeline[observed_from:]) if observe else []
     spy.SPY.reset()
     return out

@@ -24,11 +24,17 @@ class Spy:
     def __init__(self):
         self.phase = "idle"
         self.events: list[tuple[str, str, str]] = []  # (collective, phase, dtype)
+        # in order: ("gather", phase, elements gathered) and ("layer", name) where a layer's
+        # forward begins (``mark``): how far ahead of the computation the gathers run
+        self.timeline: list[tuple] = []
         self.delay_s = 0.0
         self.depth = 0
 
     def reset(self, delay_s: float = 0.0) -> None:
-        self.phase, self.events, self.delay_s, self.depth = "idle", [], delay_s, 0
+        self.phase, self.events, self.timeline, self.delay_s, self.depth = "idle", [], [], delay_s, 0
+
+    def mark(self, layer: str) -> None:
+        self.timeline.append(("layer", layer))
 
 
 SPY = Spy()
@@ -45,6 +51,16 @@ def _dtype_of(args, kwargs) -> str:
     return "?"
 
 
+def _gathered_elements(name: str, args, kwargs) -> int:
+    """Elements a gathering collective delivers: its output (the first tensor, or list of
+    tensors, it is given); an all-reduce's whole tensor (a gather by summing zero-padded
+    shards)."""
+    first = next((a for a in list(args) + list(kwargs.values()) if hasattr(a, "numel") or isinstance(a, (list, tuple))), None)
+    if isinstance(first, (list, tuple)):
+        return sum(t.numel() for t in first if hasattr(t, "numel"))
+    return first.numel() if first is not None else 0
+
+
 def install() -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -58,6 +74,8 @@ def install() -> None:
         def spy(*args, _original=original, _name=name, **kwargs):
             if SPY.depth == 0:  # a deprecated name calling its successor is one collective
                 SPY.events.append((_name, SPY.phase, _dtype_of(args, kwargs)))
+                if _name in GATHERS or _name == "all_reduce":
+                    SPY.timeline.append(("gather", SPY.phase, _gathered_elements(_name, args, kwargs)))
                 if SPY.delay_s:
                     time.sleep(SPY.delay_s)
             SPY.depth += 1

@@ -46,13 +46,19 @@ def fsdp_cases(draw, world_sizes: st.SearchStrategy[int], *, computes=(None, "fp
     """A random model, world size, precision, optimizer and number of steps.
 
     ``contract``: CS336's shapes only (an Embedding, norms, Linears, an untied head, no
-    frozen parameter), SGD as in its test.  ``ties``, ``freezes``: a head tied to the
+    frozen parameter; every size a multiple of W, as its toy model's at W = 2), SGD as in
+    its test.  Sizes W does not divide (padded or uneven shards) are the wider laws'.  ``ties``, ``freezes``: a head tied to the
     embedding, a frozen layer may be drawn; only the laws whose subject includes them draw
     them, so that a wrapper without them fails those laws, not every law whose subject is
     something else."""
     world = draw(world_sizes)
     depth = draw(st.integers(*depths))
-    widths = list(draw(st.lists(st.integers(*widths), min_size=depth + 1, max_size=depth + 1)))
+    if contract:  # multiples of W within the range (W itself if none is)
+        multiples = [w for w in range(widths[0], widths[1] + 1) if w % world == 0] or [world]
+        sizes = st.sampled_from(multiples)
+    else:
+        sizes = st.integers(*widths)
+    widths = list(draw(st.lists(sizes, min_size=depth + 1, max_size=depth + 1)))
     tied = False if contract or not ties else draw(st.booleans())
     if tied:
         widths[-1] = widths[0]
@@ -60,7 +66,7 @@ def fsdp_cases(draw, world_sizes: st.SearchStrategy[int], *, computes=(None, "fp
     delay_rank = draw(st.integers(0, world - 1)) if delay and world > 1 else None
     return FSDPCase(
         world_size=world,
-        vocab=draw(st.integers(2, 13)) if widths[0] < 6 else draw(st.integers(6, 24)),
+        vocab=_vocab(draw, widths[0], world if contract else 1),
         widths=tuple(widths),
         norms=True if contract else draw(st.booleans()),
         tied=tied,
@@ -77,6 +83,11 @@ def fsdp_cases(draw, world_sizes: st.SearchStrategy[int], *, computes=(None, "fp
         delay_rank=delay_rank,
         delay_s=0.005 if delay_rank is not None else 0.0,
     )
+
+
+def _vocab(draw, d0: int, multiple_of: int) -> int:
+    low, high = (2, 13) if d0 < 6 else (6, 24)
+    return draw(st.sampled_from([v for v in range(low, high + 1) if v % multiple_of == 0] or [multiple_of]))
 
 
 def make_optimizer(case: FSDPCase, params):
