@@ -272,12 +272,14 @@ def check_gather_window(case: FSDPCase, results: list[dict]) -> None:
     """Forward gathers no further ahead than two layers (CS336: "only start gathering after
     the layer two before the current one has completed its forward pass", to limit memory).
 
-    Read from the order of events in the first forward: when layer k's forward begins (its
-    position among the layers as they ran), the elements all-gathered so far in forward are
-    at most those of layers 0 .. k + 2, each padded to a multiple of W.  The strict reading
-    (gathering of layer j begins after layer j - 2 ends) allows layers up to k + 1 at that
-    moment; one more is allowed for a prefetch issued inside layer k's own hook.  A wrapper
-    that gathers the whole model before the first layer runs holds every layer at once."""
+    Read from the order of events in the last step's forward (a wrapper's prefetch may
+    follow an order learnt in the first): when the k-th layer to run begins its forward,
+    the elements all-gathered so far in that forward are at most those of the layers that
+    have begun (it included), the two largest of those that have not, and the parameters
+    that are no layer's, each padded to a multiple of W.  The strict reading (gathering of
+    layer j begins after layer j - 2 ends) allows one layer ahead at that moment; a second
+    is slack for a prefetch issued inside the layer's own hook.  A wrapper that gathers the
+    whole model before the first layer runs holds every layer at once."""
     if shard_size(case) == 1:
         return
     model = models.build(case)
@@ -317,8 +319,8 @@ def check_gather_window(case: FSDPCase, results: list[dict]) -> None:
                 raise AssertionError(
                     f"rank {r}: when layer {name} (the {_ordinal(k + 1)} to run) began its forward, {gathered} elements had "
                     f"been all-gathered in forward, more than the {allowed} of the layers up to it, the {LOOKAHEAD} "
-                    f"largest after it and the parameters that are no layer's: gather a layer only once the layer two before it has finished its forward "
-                    f"(the handout's bound on memory), not the whole model up front")
+                    f"largest after it and the parameters that are no layer's: gather a layer only once the layer "
+                    f"two before it has finished its forward (the handout's bound on memory), not the whole model up front")
 
 
 def _ordinal(n: int) -> str:
