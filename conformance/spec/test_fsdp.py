@@ -25,7 +25,8 @@ CS336 = FSDPCase(world_size=2, vocab=100, widths=(64, 128, 64), norms=True, tied
 
 
 @pytest.mark.parametrize("compute", [None, "fp16"], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("law", ["fsdp_trajectory_matches_one_process", "fsdp_dtypes_fp32_master_compute_dtype_communication", "fsdp_replicated_gradients_are_bit_identical", "fsdp_shards_partition_the_parameters", "fsdp_memory_at_rest_is_sharded"])
+@pytest.mark.parametrize("law", ["fsdp_trajectory_matches_one_process", "fsdp_dtypes_fp32_master_compute_dtype_communication", "fsdp_replicated_gradients_are_bit_identical", "fsdp_shards_partition_the_parameters", "fsdp_memory_at_rest_is_sharded",
+                                 "fsdp_forward_gathers_at_most_two_layers_ahead"])
 def test_cs336_toy_model(target, law, compute):
     require_world_size(2)
     laws.LAWS_BY_NAME[law].check(target.spec, CS336.with_(compute=compute))

@@ -285,7 +285,7 @@ def check_gather_window(case: FSDPCase, results: list[dict]) -> None:
     model = models.build(case)
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
     layers = models.matrix_names(model)
-    W = case.world_size
+    W = shard_size(case)  # the ranks a parameter is sharded over (a hybrid group's, not the world)
 
     def padded(name):  # flat shards pad the elements to a multiple of W; row shards, the rows
         shape = shapes[name]
