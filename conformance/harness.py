@@ -26,9 +26,12 @@ Contract
       intra-op threads, at least one).  ``cuda`` uses NCCL with rank r on ``cuda:r``;
       a world size above ``torch.cuda.device_count()`` raises ``NotEnoughDevices``
       (conftest.py reports it as a skip "needs N GPUs").
-    - Pools: one per (world size, backend), started lazily (2 to 10 s on the shared
-      2-core box: every rank imports torch) and reused across tests and Hypothesis
-      examples, so a case costs milliseconds (perf/notes/RESULTS.md).  Several pools can be
+    - Pools: one per (world size, backend), started lazily and reused across tests and
+      Hypothesis examples, so a case costs milliseconds (perf/notes/RESULTS.md).  Ranks
+      are forked from a ``multiprocessing`` fork server that imported torch and this
+      module once (``SUITE_HARNESS_START=spawn`` starts each rank from scratch instead):
+      on the 2-core box an eight-rank pool starts in about 0.2 s, against about 9 s when
+      every rank imports torch itself.  Several pools can be
       alive at once, up to ``SUITE_HARNESS_MAX_RANKS`` (12) rank processes in all; the
       least recently used pool is closed first.  A pool is replaced when a case asks for
       a timeout longer than its collectives' timeout, or when the suite's environment
@@ -63,9 +66,11 @@ Contract
       sends the next case only when every rank has reported.  A case must complete every
       communication it starts (wait on its async handles, match every send with a recv);
       seeding (``torch.manual_seed``) is the case's job.
-    - Environment: ranks inherit the parent's environment when the pool starts
-      (``SUITE_DEVICE``, ``SUITE_TARGET``, ``TRITON_INTERPRET``, ...); a pool whose
-      snapshot of those three differs from the current environment is replaced.
+    - Environment: ranks take the parent's environment and ``sys.path`` as they are when
+      the pool starts (``SUITE_DEVICE``, ``SUITE_TARGET``, ``TRITON_INTERPRET``, a target's
+      directory, ...), not the fork server's; a pool whose snapshot of those three
+      variables differs from the current environment is replaced.  The fork server
+      imports only what reads no suite variable at import (torch, this module).
     - Lifetime: ``shutdown_pools()`` kills every pool; it runs at interpreter exit and
       from conftest.py's ``pytest_sessionfinish``.  Ranks are daemon processes and also
       exit by themselves within about a second when their parent dies.
@@ -355,15 +360,35 @@ def _loopback_interface() -> str | None:
 
 
 def _exit_when_parent_dies(parent_pid: int) -> None:
-    """Watchdog thread: a rank never outlives its parent (even while a case is stuck)."""
+    """Watchdog thread: a rank never outlives its parent (even while a case is stuck).
+
+    A forked-from-server rank's OS parent is the fork server, so the parent is watched
+    through multiprocessing's sentinel (readable once the process that started the
+    server or the spawn is gone), with the OS parent as a fallback for spawned ranks."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    sentinel = getattr(parent, "sentinel", None)
+    spawned = os.getppid() == parent_pid
     while True:
-        time.sleep(0.5)
-        if os.getppid() != parent_pid:
+        if sentinel is not None and mp_connection.wait([sentinel], timeout=0.5):
+            os._exit(3)
+        if sentinel is None:
+            time.sleep(0.5)
+        if spawned and os.getppid() != parent_pid:
             os._exit(3)
 
 
-def _rank_main(rank, world_size, backend, store_path, collective_timeout_s, conn, parent_pid, stack_path):
+def _rank_main(rank, world_size, backend, store_path, collective_timeout_s, conn, parent_pid, stack_path,
+               environ=None, sys_path=None):
     """Body of one rank process: join the group, then run cases until told to stop."""
+    if environ is not None:  # the parent's, now: a forked rank would otherwise have the server's
+        os.environ.clear()
+        os.environ.update(environ)
+    if sys_path is not None:
+        import sys
+
+        sys.path[:] = sys_path
     threading.Thread(target=_exit_when_parent_dies, args=(parent_pid,), daemon=True, name="parent-watchdog").start()
     stack_file = open(stack_path, "w")  # the parent sends SIGUSR1 to get a stack dump here
     if hasattr(faulthandler, "register"):
@@ -460,6 +485,24 @@ def _barrier(dist, backend, rank):
 # --- the pool (parent side) ---------------------------------------------------------------
 
 
+# Imported once by the fork server, so a rank starts without importing torch.  Nothing here
+# may read a suite variable at import (a Triton kernel module would fix the interpreter).
+_SERVER_PRELOAD = ["conformance.harness", "torch.distributed"]
+
+
+def _start_context(mp):
+    """Ranks fork from a server that has torch imported; spawn where there is no fork server
+    or ``SUITE_HARNESS_START=spawn`` asks for it."""
+    method = os.environ.get("SUITE_HARNESS_START", "forkserver")
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"SUITE_HARNESS_START must be forkserver or spawn, got {method!r}")
+    if method == "forkserver" and "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_SERVER_PRELOAD)
+        return ctx
+    return mp.get_context("spawn")
+
+
 class _Pool:
     """``world_size`` live rank processes sharing one process group."""
 
@@ -487,13 +530,17 @@ class _Pool:
     def start(self) -> None:
         import multiprocessing as mp
 
-        ctx = mp.get_context("spawn")
+        import sys
+
+        ctx = _start_context(mp)
         store_path = os.path.join(self.tmpdir, "store")
+        environ, sys_path = dict(os.environ), list(sys.path)
         for rank in range(self.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=_rank_main,
-                args=(rank, self.world_size, self.backend, store_path, self.collective_timeout_s, child_end, os.getpid(), self._stack_path(rank)),
+                args=(rank, self.world_size, self.backend, store_path, self.collective_timeout_s, child_end, os.getpid(),
+                      self._stack_path(rank), environ, sys_path),
                 name=f"harness-rank{rank}-of-{self.world_size}",
                 daemon=True,
             )
