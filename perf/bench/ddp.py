@@ -55,6 +55,7 @@ through ``conformance.harness.run_on_ranks``; NCCL_NVLS_ENABLE=0 is forced.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -209,6 +210,11 @@ def profile_step(step, device, path: Path | None, rows: int = 30) -> None:
 
 
 def measure_variant(ctx, variant: str, cfg: Config, profile_dir: str | None = None) -> dict:
+    # What a failed variant before this one left behind (its model, held by a traceback's
+    # frames until the cycle collector runs) must not make this one run out of memory.
+    gc.collect()
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
     torch.manual_seed(cfg.seed)
     model = make_gpt(cfg.size, device=ctx.device)
     module, start, finish, cleanup = build_variant(variant, model, ctx.device)

@@ -36,11 +36,21 @@ def _status(row: dict) -> str:
     return "" if status == "ok" else str(status)
 
 
+def _short_status(status: str) -> str:
+    """A failed status in one word for the value cells: "OOM", "error", "skipped"; the
+    whole message stays in the status column (a line-long message in every cell hides
+    the table)."""
+    if "OutOfMemoryError" in status or "out of memory" in status:
+        return "OOM"
+    return status.split(":", 1)[0].strip()
+
+
 def cell(row: dict, column: str) -> str:
-    """A row's value in a column; a failed row shows its status where a value is missing."""
+    """A row's value in a column; a failed row shows its status where a value is missing
+    (in one word, but in the status column itself)."""
     value = row.get(column)
     if value is None and _status(row):
-        return _status(row)
+        return _status(row) if column == "status" else _short_status(_status(row))
     return format_value(value)
 
 

@@ -9,7 +9,8 @@
 #                    interleaved per bucket size 1 5 25 100 250 MB; ddp_again is a second run, in the reverse order
 #                    (drift over a run then shows as a difference between the two)
 #   ddp_big ddp_big_again  the same sweep where the GPU work dominates the step: gpt1_5b, 12 x 1024 a rank,
-#                    20 steps after 3; ddp_big_again in the reverse order
+#                    20 steps after 3; ddp_big_again in the reverse order (DDP_BIG_BATCH=6 on 80 GB cards: torch DDP
+#                    peaks at 86-92 GiB at 12 x 1024)
 #   fsdp             ours (full shard, shard-grad-op) vs torch fully_shard, gpt1_5b, 4 x 256, bf16 / fp32 reduce
 #   zero             ZeRO-1 (sharded optimizer) vs torch ZeroRedundancyOptimizer, same model
 #   ring_attention   ring attention vs our one-GPU FlashAttention-2, bf16, d 64 / 128, N 16k..128k
@@ -51,7 +52,7 @@ for s in "${STAGES[@]}"; do
              stage $s 150 python3 -m perf.bench.ddp --out "$W/$s" --iters 30 --warmup 5 \
              --time-budget-s 130 --timeout 60 --variants $V ;;
     ddp_big|ddp_big_again) mkdir -p "$W/$s"; V=$DDP_VARIANTS; [ $s = ddp_big_again ] && V=$(echo $DDP_VARIANTS | tr ' ' '\n' | tac | tr '\n' ' ')
-             stage $s 170 python3 -m perf.bench.ddp --out "$W/$s" --batch 12 --seq 1024 --iters 20 --warmup 3 \
+             stage $s 170 python3 -m perf.bench.ddp --out "$W/$s" --batch ${DDP_BIG_BATCH:-12} --seq 1024 --iters 20 --warmup 3 \
              --time-budget-s 150 --timeout 60 --variants $V ;;
     fsdp) stage fsdp 120 python3 -m perf.bench.fsdp --size gpt1_5b --world-size 2 --batch 4 --seq 256 --steps 15 --warmup 3 ;;
     zero) mkdir -p "$W/zero"; stage zero 120 python3 -m perf.bench.sharded_optimizer --out "$W/zero" --world-size 2 --deadline 100 ;;

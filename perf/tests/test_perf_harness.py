@@ -42,6 +42,11 @@ def test_table_writers_produce_files_that_show_oom_where_a_value_is_missing(tmp_
     text = md.read_text()
     assert "| b | 16 | OOM | OOM |" in text
     assert "| a | 32 | 2.500 |  |" in text  # a missing value of a good row stays empty
+    long = dict(impl="c", seq=8, ms=None, status="error: RankFailure: rank 0 raised OutOfMemoryError: CUDA out of memory")
+    row = tables.markdown_table([long], ["impl", "ms", "status"]).splitlines()[-1]
+    assert row == "| c | OOM | error: RankFailure: rank 0 raised OutOfMemoryError: CUDA out of memory |"
+    other = dict(impl="d", ms=None, status="error: ValueError: bad size")
+    assert tables.markdown_table([other], ["impl", "ms"]).splitlines()[-1] == "| d | error |"
     lines = csv_path.read_text().splitlines()
     assert lines[0] == "impl,seq,ms,peak_mib,status" and lines[2] == "b,16,,,OOM"
     loaded = json.loads(json_path.read_text())
