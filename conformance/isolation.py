@@ -128,6 +128,10 @@ def how_it_died(directory: str, worker: str, nodeid: str, returncode: int | None
     else:
         what = "its process ended without a report"
     stack = _thread_stack(fault[m.start():]) if m else ""
+    if "SIGSEGV" in what and os.environ.get("TRITON_INTERPRET") == "1" and "triton" in nodeid:
+        # The interpreter runs a kernel's loads and stores as raw reads and writes of host memory
+        what += (" (under the Triton interpreter, most often a tl.load or tl.store outside its tensor: "
+                 "a missing mask, or a block pointer read without boundary_check)")
     return what + (f"; stack: {stack}" if stack else "")
 
 

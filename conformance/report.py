@@ -152,10 +152,24 @@ def _where_raised(report) -> str:
     return f"{shown}:{line}" + (f": `{source}`" if source else "")
 
 
+# torch's words for a backward that returned the wrong number of values, and what they mean
+_GRADIENT_COUNT = re.compile(r"returned an incorrect number of gradients \(expected (\d+), got 1\)")
+
+
+def explained(message: str) -> str:
+    """``message`` with what torch's terse words mean for the target, where they need it."""
+    count = _GRADIENT_COUNT.search(message)
+    if count and "one value per input" not in message:
+        message += (f" (backward must return one value per input of forward, {count.group(1)} here, None for a "
+                    "non-tensor input such as is_causal; a backward that returns nothing, such as an unwritten "
+                    "`pass`, counts as one)")
+    return message
+
+
 def with_location(message: str, report) -> str:
     """``message``, or for a bare exception name, that name and where it was raised."""
     if not _BARE_EXCEPTION.match(message):
-        return message
+        return explained(message)
     where = _where_raised(report)
     return f"{message} raised without a message at {where}" if where else message
 
@@ -234,7 +248,7 @@ class ConformanceReport:
                 {
                     "test": report.nodeid,
                     "tier": _tier_label(tier, extra),
-                    "message": with_location(first.lstrip("E").strip(), report)[:400],
+                    "message": with_location(first.lstrip("E").strip(), report)[:600],
                     "counterexample": _counterexample(text),
                     "replay": self.replay_command(report.nodeid),
                     "blob": blob.group(1) if blob else "",

@@ -73,3 +73,20 @@ def test_a_target_file_that_does_not_parse_or_import_is_one_line(tmp_path):
     out = main_job("--target", str(bad), timeout=300)
     assert out.returncode not in (0, 1), out.returncode
     assert "target does not load: ModuleNotFoundError: No module named 'cs336_systems_not_installed'" in out.stderr
+
+
+def test_a_segfault_of_a_triton_check_under_the_interpreter_names_the_likely_cause(tmp_path, monkeypatch):
+    """The interpreter turns an unmasked out-of-bounds tl.load into a host segfault: the
+    verdict says so for a Triton check, and only there."""
+    import signal
+
+    from conformance.isolation import how_it_died
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    triton_check = "conformance/spec/test_attention.py::test_cs336_contract[triton-is_causal_defaults_to_false]"
+    said = how_it_died(str(tmp_path), "gw0", triton_check, -signal.SIGSEGV)
+    assert said.startswith("killed by SIGSEGV (segmentation fault)") and "boundary_check" in said
+    pytorch_check = triton_check.replace("triton-", "pytorch-")
+    assert "boundary_check" not in how_it_died(str(tmp_path), "gw0", pytorch_check, -signal.SIGSEGV)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert "boundary_check" not in how_it_died(str(tmp_path), "gw0", triton_check, -signal.SIGSEGV)

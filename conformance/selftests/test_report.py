@@ -230,6 +230,17 @@ def test_a_bare_assertion_from_the_targets_code_says_which_assert(tmp_path):
     assert message == f"AssertionError raised without a message at {source}:2: `assert q.shape[-2] % 16 == 0`"
 
 
+def test_a_backward_returning_the_wrong_number_of_values_is_explained():
+    """torch's "returned an incorrect number of gradients (expected 4, got 1)" is what an
+    unwritten ``backward`` (``pass``) gives: the verdict says what backward must return."""
+    nodeid = "conformance/spec/test_attention.py::test_cs336_contract[triton-cs336_noncausal_forward_backward]"
+    words = "RuntimeError: function AttnBackward returned an incorrect number of gradients (expected 4, got 1)"
+    report = _controller()
+    report.pytest_runtest_logreport(_report(nodeid, "failed", longrepr=f"E   {words}"))
+    message = _row(report, "attention triton backward")["failures"][0]["message"]
+    assert message.startswith(words) and "one value per input of forward, 4 here" in message and "`pass`" in message
+
+
 def test_a_triton_row_judged_on_the_cpu_says_what_ran(monkeypatch):
     """On a CPU machine a Triton class may hand CPU tensors to a PyTorch fallback: the
     report says the verdict is about the code that ran, and says nothing of it on a GPU."""

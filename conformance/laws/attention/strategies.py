@@ -98,11 +98,12 @@ def _lay_out_on(x: torch.Tensor, layout: str, device) -> torch.Tensor:
         out = storage[1:].view(x.shape)
         out.copy_(x.to(device))
         return out
-    if layout == "transposed" and x.dim() >= 4:
-        # storage (..., N, H, d); the view (..., H, N, d) has strides (.., d, H*d, 1)
+    if layout == "transposed" and x.dim() >= 3:
+        # storage (..., N, H, d); the view (..., H, N, d) has strides (.., d, H*d, 1); for 3-D
+        # inputs storage (N, B, d) seen as (B, N, d)
         storage = x.transpose(-3, -2).contiguous().to(device)
         return storage.transpose(-3, -2)
-    # "strided" (or transposed with a single batch dim): every row padded to 2d, view the first d
+    # "strided" (or transposed with no batch dim): every row padded to 2d, view the first d
     padded = torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype)
     padded[..., : x.shape[-1]] = x
     padded[..., x.shape[-1] :] = float("nan")  # a kernel that reads the padding is caught
