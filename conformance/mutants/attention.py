@@ -54,6 +54,13 @@ def _forward(q, k, v, is_causal, scale, bugs):
     if "output_buffer_reused" in bugs:
         o = _OUTPUT_BUFFERS.setdefault((o.shape, o.dtype, o.device), o)
     lse = torch.empty(batch, n_q, dtype=work, device=q.device)
+    if "keys_padded_to_64_unmasked" in bugs and n_k % 64:
+        # a 64-key tile read past N with zeros filling the rest, and no mask: the padded keys
+        # score 0 and take softmax weight wherever N is not a multiple of 64
+        pad = 64 - n_k % 64
+        kf = torch.cat([kf, kf.new_zeros(kf.shape[0], pad, kf.shape[-1])], dim=1)
+        vf = torch.cat([vf, vf.new_zeros(vf.shape[0], pad, vf.shape[-1])], dim=1)
+        n_k = kf.shape[1]
     key_end = n_k - n_k % TILE if ("drop_partial_tile" in bugs and n_k > TILE) else n_k
     for qs in range(0, n_q, TILE):
         qe = min(qs + TILE, n_q)
@@ -216,6 +223,8 @@ SPECS = (
            ("float64_gradcheck",)),
     BuggyFlashSpec("compiled_per_shape_with_a_limit", "one compiled variant per input shape and an error past eight, as torch.compile with dynamic=False and fullgraph=True",
            ("spec:many_shapes_in_one_process",)),
+    BuggyFlashSpec("keys_padded_to_64_unmasked", "keys read in 64-key tiles, zeros past N and no mask: wrong wherever N is not a multiple of 64 (N = 16, 32)",
+           ("spec:forward_backward_at_every_handout_size",)),
     BuggyFlashSpec("saves_flattened_lse", "L saved as (B*H, N) instead of q.shape[:-1], breaking the CS336 contract",
            ("spec:saves_one_logsumexp_of_query_shape",)),
 )

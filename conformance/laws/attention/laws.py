@@ -10,6 +10,7 @@ against our ``impl``, any ``--target``, and every kept mutant.
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 from dataclasses import dataclass, replace
 
@@ -64,10 +65,18 @@ def call(attn, q, k, v, case: AttentionCase):
 
 
 def saved_logsumexp(o: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """The one tensor of shape q.shape[:-1] the implementation saved for backward."""
+    """The one tensor of shape q.shape[:-1] the implementation saved for backward.
+
+    The CS336 contract's (B, N, d) inputs must save L as (B, N).  For other numbers of
+    leading dims, L saved with those dims merged, (prod(leading), N), is L too: how a
+    target lays out what it keeps is its own affair beyond the contract, and a row about
+    four-dim inputs should not fail for it."""
     if o.grad_fn is None:
         raise AssertionError("output has no grad_fn: the implementation is not an autograd.Function over q, k, v")
     saved = [t for t in o.grad_fn.saved_tensors if tuple(t.shape) == tuple(q.shape[:-1])]
+    if not saved and q.dim() != 3:
+        merged = (math.prod(q.shape[:-2]), q.shape[-2])
+        saved = [t.reshape(q.shape[:-1]) for t in o.grad_fn.saved_tensors if tuple(t.shape) == merged]
     if len(saved) != 1:
         shapes = [tuple(t.shape) for t in o.grad_fn.saved_tensors]
         raise AssertionError(

@@ -93,11 +93,40 @@ def cs336_causal_forward_backward(attn, device):
     gradients_match_float64_reference(attn, _case(causal=True, seed=4), device)
 
 
+# The handout promises tests "with dimensions that are powers of 2 and at least 16": every
+# such N up to 256 and d up to 128 at least once (a tile larger than N, or one that reads
+# past the last row, shows at the small ones).
+HANDOUT_SIZES = ((16, 16), (16, 128), (32, 64), (64, 32), (128, 128), (256, 16), (256, 64))
+
+
+def _at_handout_sizes(attn, device, causal_values):
+    for n, d in HANDOUT_SIZES:
+        for causal in causal_values:
+            case = _case(batch=(2,), n_q=n, n_k=n, d=d, causal=causal, seed=n * 1000 + d + causal)
+            try:
+                forward_matches_float64_reference(attn, case, device)
+                gradients_match_float64_reference(attn, case, device)
+            except AssertionError as exc:
+                first = (str(exc).strip().splitlines() or [""])[0]
+                raise AssertionError(f"N={n}, d={d}{', causal' if causal else ''}: {first}") from exc
+
+
+def forward_backward_at_every_handout_size(attn, device):
+    """B=2, N and d powers of 2 from 16 (N to 256, d to 128), not causal: O, L and the gradients."""
+    _at_handout_sizes(attn, device, (False,))
+
+
+def forward_backward_at_every_handout_size_causal_too(attn, device):
+    """The same sizes, not causal and causal."""
+    _at_handout_sizes(attn, device, (False, True))
+
+
 # The PyTorch flavour may ignore is_causal (see the module docstring).
 CS336 = {
-    "pytorch": (saves_one_logsumexp_of_query_shape, is_causal_is_optional_and_off_by_default, cs336_noncausal_forward_backward),
+    "pytorch": (saves_one_logsumexp_of_query_shape, is_causal_is_optional_and_off_by_default, cs336_noncausal_forward_backward,
+                forward_backward_at_every_handout_size),
     "triton": (saves_one_logsumexp_of_query_shape, is_causal_defaults_to_false, cs336_noncausal_forward_backward,
-               cs336_causal_forward_backward),
+               cs336_causal_forward_backward, forward_backward_at_every_handout_size_causal_too),
 }
 
 
