@@ -54,6 +54,20 @@ def _worker_id(config) -> str:
     return getattr(config, "workerinput", {}).get("workerid", "main")
 
 
+_RUNNING: dict = {}  # "nodeid" and "worker" of the check this process runs now
+
+
+def note_step(text: str) -> None:
+    """Where a check has got to ("N=16, d=16"), for the verdict if its process dies there:
+    a crash leaves no exception to say which of a check's inputs killed it.  A no-op
+    outside the isolated main job."""
+    directory = os.environ.get(ENV_DIR)
+    if not (directory and _RUNNING):
+        return
+    with open(os.path.join(directory, f"{_RUNNING['worker']}.step"), "w") as fh:
+        fh.write(f"{_RUNNING['nodeid']}\n{text}")
+
+
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):
         if config.pluginmanager.hasplugin("dsession") or getattr(config.option, "numprocesses", None):
@@ -75,6 +89,7 @@ def pytest_runtest_protocol(item, nextitem):
     if directory:
         with open(os.path.join(directory, f"{wid}.running"), "w") as fh:
             fh.write(item.nodeid)
+    _RUNNING.update(nodeid=item.nodeid, worker=wid)
     def expire():
         # Write what ran and where every thread stood, then leave: the controller reports it.
         if directory:
@@ -128,10 +143,15 @@ def how_it_died(directory: str, worker: str, nodeid: str, returncode: int | None
     else:
         what = "its process ended without a report"
     stack = _thread_stack(fault[m.start():]) if m else ""
-    if "SIGSEGV" in what and os.environ.get("TRITON_INTERPRET") == "1" and "triton" in nodeid:
-        # The interpreter runs a kernel's loads and stores as raw reads and writes of host memory
+    memory = ("SIGSEGV", "SIGABRT", "SIGBUS")
+    if any(sig in what for sig in memory) and os.environ.get("TRITON_INTERPRET") == "1" and "triton" in nodeid:
+        # The interpreter runs a kernel's loads and stores as raw reads and writes of host
+        # memory: out of bounds they fault, or corrupt the heap until the allocator aborts
         what += (" (under the Triton interpreter, most often a tl.load or tl.store outside its tensor: "
                  "a missing mask, or a block pointer read without boundary_check)")
+    step = _read(os.path.join(directory, f"{worker}.step"))
+    if step.startswith(nodeid + "\n"):
+        what += f" at {step.split(chr(10), 1)[1].strip()}"
     return what + (f"; stack: {stack}" if stack else "")
 
 

@@ -90,3 +90,17 @@ def test_a_segfault_of_a_triton_check_under_the_interpreter_names_the_likely_cau
     assert "boundary_check" not in how_it_died(str(tmp_path), "gw0", pytorch_check, -signal.SIGSEGV)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert "boundary_check" not in how_it_died(str(tmp_path), "gw0", triton_check, -signal.SIGSEGV)
+
+
+def test_a_crash_says_where_its_check_had_got_to(tmp_path, monkeypatch):
+    """A check that notes its steps (which size it is on) has the last one in its verdict;
+    a note left by an earlier check is not read as this one's."""
+    import signal
+
+    from conformance import isolation
+
+    monkeypatch.setenv(isolation.ENV_DIR, str(tmp_path))
+    monkeypatch.setattr(isolation, "_RUNNING", {"nodeid": "spec.py::check_a", "worker": "gw1"})
+    isolation.note_step("N=16, d=16")
+    assert isolation.how_it_died(str(tmp_path), "gw1", "spec.py::check_a", -signal.SIGABRT).endswith("at N=16, d=16")
+    assert "N=16" not in isolation.how_it_died(str(tmp_path), "gw1", "spec.py::check_b", -signal.SIGABRT)

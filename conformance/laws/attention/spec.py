@@ -35,7 +35,7 @@ import textwrap
 
 import torch
 
-from conformance import oracle
+from conformance import isolation, oracle
 from conformance.verdicts import NeedsHardware
 from conformance.laws.attention.strategies import AttentionCase
 from conformance.laws.attention.laws import (
@@ -102,6 +102,7 @@ HANDOUT_SIZES = ((16, 16), (16, 128), (32, 64), (64, 32), (128, 128), (256, 16),
 def _at_handout_sizes(attn, device, causal_values):
     for n, d in HANDOUT_SIZES:
         for causal in causal_values:
+            isolation.note_step(f"N={n}, d={d}{', causal' if causal else ''}")  # named if the process dies here
             case = _case(batch=(2,), n_q=n, n_k=n, d=d, causal=causal, seed=n * 1000 + d + causal)
             try:
                 forward_matches_float64_reference(attn, case, device)
