@@ -38,6 +38,11 @@ _SIGNAL_WORDS = {
 }
 
 
+# faulthandler's names for the fatal signals it reports
+_FAULT_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                  "Floating-point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
+
+
 def pytest_addoption(parser):
     parser.getgroup("conformance").addoption(
         "--check-timeout", type=float, default=None,
@@ -136,6 +141,11 @@ def how_it_died(directory: str, worker: str, nodeid: str, returncode: int | None
     if returncode is not None and returncode < 0:
         name = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else f"signal {-returncode}"
         what = f"killed by {name} ({_SIGNAL_WORDS.get(name, 'a signal')})"
+    elif m and m.group(1).strip() in _FAULT_SIGNALS:
+        # the exit status was not seen (execnet may not hand it over in time), but
+        # faulthandler named the signal: the same words either way
+        name = _FAULT_SIGNALS[m.group(1).strip()]
+        what = f"killed by {name} ({_SIGNAL_WORDS[name]})"
     elif m:
         what = f"killed: {m.group(1).strip()}"
     elif returncode is not None:

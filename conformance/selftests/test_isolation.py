@@ -104,3 +104,14 @@ def test_a_crash_says_where_its_check_had_got_to(tmp_path, monkeypatch):
     isolation.note_step("N=16, d=16")
     assert isolation.how_it_died(str(tmp_path), "gw1", "spec.py::check_a", -signal.SIGABRT).endswith("at N=16, d=16")
     assert "N=16" not in isolation.how_it_died(str(tmp_path), "gw1", "spec.py::check_b", -signal.SIGABRT)
+
+
+def test_a_signal_named_only_by_faulthandler_reads_as_the_signal(tmp_path):
+    """Where the worker's exit status is not seen, faulthandler's "Fatal Python error:
+    Aborted" gives the same verdict as the status would."""
+    from conformance.isolation import how_it_died
+
+    (tmp_path / "gw3.fault").write_text('Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n'
+                                        '  File "/x/target.py", line 7 in apply\n')
+    said = how_it_died(str(tmp_path), "gw3", "spec.py::check", None)
+    assert said.startswith("killed by SIGABRT (abort)") and "target.py" in said
