@@ -22,11 +22,11 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 FIXTURE = os.path.join(HERE, "targets", "course_classes")
 
 
-def _main_job(target_file: str) -> str:
+def _main_job(target_file: str, checks: str = "(partition or trajectory)") -> str:
     # CPU ranks on every machine: what this checks (where the model's classes come from) does
     # not depend on the device, and one GPU cannot run FSDP's two ranks ("not run here").
     cmd = [sys.executable, "-m", "conformance", "--target", os.path.join(FIXTURE, target_file), "--device", "cpu",
-           "-k", "test_fsdp and test_cs336_toy_model and (partition or trajectory)"]  # where the classes matter
+           "-k", f"test_fsdp and test_cs336_toy_model and {checks}"]  # where the classes matter
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     return done.stdout + done.stderr
 
@@ -41,6 +41,6 @@ def test_an_fsdp_that_shards_only_the_course_classes_conforms():
 
 
 def test_an_fsdp_that_shards_nothing_is_told_so():
-    out = _main_job("shards_nothing.py")
+    out = _main_job("shards_nothing.py", checks="partition and fp32")  # the law whose words are asserted
     assert "FAILS" in _fsdp_row(out), out[-3000:]
     assert "no Linear/Embedding weight was sharded" in out and "the target's cs336_basics.model" in out, out[-3000:]

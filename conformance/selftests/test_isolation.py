@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ONE_CHECK = "pytorch-saves_one_logsumexp_of_query_shape"
 
 
-def main_job(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), SUITE_TARGET_PROBE_TIMEOUT="30")
+def main_job(*args: str, timeout: float = 600, probe_timeout: str = "30") -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SUITE_TARGET_PROBE_TIMEOUT=probe_timeout)
     env.pop("PYTEST_XDIST_WORKER", None)
     return subprocess.run([sys.executable, "-m", "conformance", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -32,12 +32,12 @@ def main_job(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         ("segfault", "killed by SIGSEGV (segmentation fault)"),
         ("exits", "exited with code 3"),
         ("aborts", "killed by SIGABRT (abort)"),
-        ("hangs_in_call", "timed out after 10 s"),
+        ("hangs_in_call", "timed out after 6 s"),
     ],
 )
 def test_a_check_that_dies_is_a_failing_row_saying_how(target, died):
     # The hang waits out its whole limit; the others die long before theirs.
-    limit = "10" if target == "hangs_in_call" else "20"
+    limit = "6" if target == "hangs_in_call" else "20"
     out = main_job("--target", f"conformance.selftests.targets.{target}", "-k", ONE_CHECK, "--check-timeout", limit)
     text = out.stdout + out.stderr
     assert "conformance report" in text, text[-3000:]
@@ -53,11 +53,12 @@ def test_a_check_that_dies_is_a_failing_row_saying_how(target, died):
         ("/nonexistent/adapters.py", "file not found"),
         ("impl:nothing", "has no attribute 'nothing'"),
         ("no_such_module_anywhere", "cannot import module"),
-        ("conformance.selftests.targets.hangs_at_import", "did not finish within 30 s"),
+        ("conformance.selftests.targets.hangs_at_import", "did not finish within 12 s"),
     ],
 )
 def test_a_target_that_cannot_be_loaded_stops_at_start_up_in_one_line(spec, words):
-    out = main_job("--target", spec, timeout=300)
+    # 12 s: the hanging import waits all of it; the others fail at once
+    out = main_job("--target", spec, timeout=300, probe_timeout="12")
     assert out.returncode not in (0, 1), out.returncode  # a usage error, not a report
     errors = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("ERROR")]
     assert len(errors) == 1 and words in errors[0], out.stdout[-2000:] + out.stderr[-2000:]
