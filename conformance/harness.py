@@ -101,6 +101,7 @@ import re
 import reprlib
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -386,8 +387,6 @@ def _rank_main(rank, world_size, backend, store_path, collective_timeout_s, conn
         os.environ.clear()
         os.environ.update(environ)
     if sys_path is not None:
-        import sys
-
         sys.path[:] = sys_path
     threading.Thread(target=_exit_when_parent_dies, args=(parent_pid,), daemon=True, name="parent-watchdog").start()
     stack_file = open(stack_path, "w")  # the parent sends SIGUSR1 to get a stack dump here
@@ -529,8 +528,6 @@ class _Pool:
 
     def start(self) -> None:
         import multiprocessing as mp
-
-        import sys
 
         ctx = _start_context(mp)
         store_path = os.path.join(self.tmpdir, "store")

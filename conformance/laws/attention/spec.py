@@ -135,7 +135,7 @@ CS336 = {
 
 
 # Each extra below changes one thing from the contract's inputs (3-D, contiguous, N_q = N_k
-# a power of 2, d = 64, the default scale), so its row names what a target lacks: a target
+# a power of 2, d a power of 2, the default scale), so its row names what a target lacks: a target
 # whose tiles need N to be a multiple of 16 fails "odd sequence lengths" alone, not also
 # "four dim inputs" and "head dims".
 
