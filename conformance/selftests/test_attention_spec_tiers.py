@@ -25,3 +25,14 @@ def test_the_cs336_tier_lets_the_pytorch_flavour_ignore_is_causal(device):
         assert check in spec.API["pytorch"] and check in spec.CS336["triton"]
         with pytest.raises(AssertionError):
             check(attn, device)
+
+
+def test_merged_leading_dims_in_L_pass_beyond_the_contract_and_fail_within_it(device):
+    """L saved as (B*H, N) for (B, H, N, d) inputs is L for the four-dim extra (its row is
+    about accepting four dims), while the contract's 3-D inputs must still save (B, N)."""
+    from conformance.mutants.attention import SPECS
+
+    flattened = next(m for m in SPECS if m.name == "saves_flattened_lse").target().get_flashattention_autograd_function_pytorch()
+    spec.four_dim_inputs(flattened, device)
+    with pytest.raises(AssertionError, match="exactly one saved tensor"):
+        spec.saves_one_logsumexp_of_query_shape(flattened, device)

@@ -210,8 +210,9 @@ def profile_step(step, device, path: Path | None, rows: int = 30) -> None:
 
 
 def measure_variant(ctx, variant: str, cfg: Config, profile_dir: str | None = None) -> dict:
-    # What a failed variant before this one left behind (its model, held by a traceback's
-    # frames until the cycle collector runs) must not make this one run out of memory.
+    # What a failed variant before this one left behind (presumably its model, held by a
+    # traceback's frames until the cycle collector runs) must not make this one run out of
+    # memory: on two H100s every variant after the first out-of-memory one failed too.
     gc.collect()
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
