@@ -27,7 +27,9 @@ NotImplementedError" until it is written; ``conformance.target`` already reads a
 raising NotImplementedError as "not offered".  ``not_implemented_refusal`` extends that to
 a NotImplementedError raised by the target's own code while a check runs (its
 ``backward``, typically): a ``raise`` statement in the target's files, neither the
-suite's nor an installed package's (torch raises NotImplementedError for an operator a
+suite's nor an installed package's; or torch's own ``Function.backward``, which a Function
+that defines no backward inherits ("You must implement either the backward or vjp
+method") (torch raises NotImplementedError for an operator a
 backend lacks, which is the target's failure, not an unwritten part; its C++ operators
 raise it from the calling line, which is not a ``raise``).  Only the error the
 check raised counts, not one the suite caught and wrapped: a bad-input check expects a
@@ -113,6 +115,8 @@ def not_implemented_refusal(exc: BaseException) -> str | None:
         return reasons[0] if reasons and all(reasons) else None
     if not isinstance(exc, NotImplementedError):
         return None
+    if _torch_default_backward(exc):
+        return "not offered: the autograd Function defines no backward (torch: " + str(exc).split(" for your")[0] + ")"
     line = _raised_by_target(exc)
     if line is None or not line.startswith("raise"):  # torch's C++ operators raise it from the caller's line
         return None
@@ -125,6 +129,14 @@ def not_implemented_refusal(exc: BaseException) -> str | None:
     part = "backward" if name == "backward" else f"{name}()"
     detail = f": {exc}" if str(exc) else ""
     return f"not offered: {part} raises NotImplementedError ({where}{detail})"
+
+
+def _torch_default_backward(exc: NotImplementedError) -> bool:
+    """Raised by torch's own ``Function.backward``, which a subclass that defines none inherits."""
+    tb = _innermost(exc)
+    return (tb is not None and tb.tb_frame.f_code.co_name == "backward"
+            and tb.tb_frame.f_globals.get("__name__") == "torch.autograd.function"
+            and "implement either the backward or vjp" in str(exc))
 
 
 # Errors the environment raises for code that is right on the machine it was written for.

@@ -72,6 +72,8 @@ def _forward(q, k, v, is_causal, scale, bugs):
         if is_causal:
             # correct: keys up to row qe-1 inclusive, i.e. stop before qe
             last = min(key_end, qe - 1 if "causal_skip_needed_tile" in bugs else qe)
+            if "causal_bottom_right" in bugs:  # the diagonal through the last query and the last key
+                last = min(key_end, max(qe + n_k - n_q, 0))
         for ks in range(0, last, TILE):
             ke = min(ks + TILE, key_end)
             s = (q_i @ kf[:, ks:ke].to(work).transpose(1, 2)) * scale
@@ -79,6 +81,7 @@ def _forward(q, k, v, is_causal, scale, bugs):
                 rows = torch.arange(qs, qe, device=q.device)[:, None]
                 cols = torch.arange(ks, ke, device=q.device)[None, :]
                 shift = 1 if "causal_off_by_one" in bugs else 0  # sees one future key
+                shift += n_k - n_q if "causal_bottom_right" in bugs else 0
                 s = s.masked_fill(cols > rows + shift, float("-inf"))
             m_new = torch.maximum(m, s.amax(-1))
             p = torch.exp(s - m_new[..., None])
@@ -106,7 +109,8 @@ def _backward(q, k, v, o, lse, do, is_causal, scale, bugs):
     if is_causal:
         i = torch.arange(q.shape[-2], device=q.device)[:, None]
         j = torch.arange(k.shape[-2], device=q.device)[None, :]
-        s = s.masked_fill(j > i, float("-inf"))
+        shift = k.shape[-2] - q.shape[-2] if "causal_bottom_right" in bugs else 0
+        s = s.masked_fill(j > i + shift, float("-inf"))
     p = torch.exp(s - lse.to(work)[..., None])
     dv = p.transpose(-1, -2) @ do_
     dp = do_ @ v_.transpose(-1, -2)
@@ -189,6 +193,8 @@ SPECS = (
            ("gradients_match_float64_reference", "float64_gradcheck", "contract_gradients_match_float64_reference")),
     BuggyFlashSpec("dk_missing_scale", "dK not multiplied by the softmax scale",
            ("gradients_match_float64_reference", "float64_gradcheck")),
+    BuggyFlashSpec("causal_bottom_right", "causal mask aligned bottom-right where N_q != N_k (query i sees keys up to i + N_k - N_q), not top-left",
+           ("spec:causal_masking_in_every_extra_shape", "spec:unequal_query_and_key_lengths")),
     BuggyFlashSpec("causal_skip_needed_tile", "causal tile-skip stops one key short, skipping a needed key tile",
            ("forward_matches_float64_reference",)),
     BuggyFlashSpec("fp16_accumulators", "running sum and O accumulator kept in fp16",

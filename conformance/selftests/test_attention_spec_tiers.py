@@ -27,6 +27,24 @@ def test_the_cs336_tier_lets_the_pytorch_flavour_ignore_is_causal(device):
             check(attn, device)
 
 
+def test_a_pytorch_flavour_ignoring_is_causal_fails_the_masking_rows_alone(device):
+    """Its extras (four dims, odd lengths, ...) hold masking off and pass; the masking rows
+    fail and say why.  The Triton flavour's extras still draw masking."""
+    from conformance.target import load_target
+
+    attn = _IgnoresIsCausal(load_target("impl").attention("pytorch"))
+    extras = [c for c in spec.API["pytorch"] if c.__name__ in {m.__name__ for m in spec._MASKED_EXTRAS}]
+    assert len(extras) == len(spec._MASKED_EXTRAS) and not set(extras) & set(spec.API["triton"])
+    for check in extras:
+        check(attn, device)
+    with pytest.raises(AssertionError, match="is_causal is ignored"):
+        spec.is_causal_defaults_to_false(attn, device)
+    with pytest.raises(AssertionError, match="^causal, as in four dim inputs: forward O"):
+        spec.causal_masking_in_every_extra_shape(attn, device)
+    with pytest.raises(AssertionError):
+        spec.four_dim_inputs(attn, device)  # the Triton flavour's row (and a mutant's rejection) masks
+
+
 def test_merged_leading_dims_in_L_pass_beyond_the_contract_and_fail_within_it(device):
     """L saved as (B*H, N) for (B, H, N, d) inputs is L for the four-dim extra (its row is
     about accepting four dims), while the contract's 3-D inputs must still save (B, N)."""

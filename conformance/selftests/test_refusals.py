@@ -64,6 +64,10 @@ TARGETS = """
             raise NotImplementedError
 
 
+    class DefinesNoBackward(_FLASH):
+        backward = staticmethod(torch.autograd.Function.backward)  # as if never written
+
+
     class NoForward:
         @staticmethod
         def apply(q, k, v, is_causal=False):
@@ -133,6 +137,12 @@ def test_an_unwritten_backward_is_not_offered(targets):
     reason = not_implemented_refusal(_error(spec.cs336_noncausal_forward_backward, targets.obj.NoBackward))
     assert reason is not None and reason.startswith("not offered: backward raises NotImplementedError"), reason
     assert "cuda_only_adapters.py" in reason
+
+
+def test_a_function_that_defines_no_backward_is_not_offered(targets):
+    """torch raises NotImplementedError from its own Function.backward: the part is unwritten."""
+    reason = not_implemented_refusal(_error(spec.cs336_noncausal_forward_backward, targets.obj.DefinesNoBackward))
+    assert reason is not None and reason.startswith("not offered: the autograd Function defines no backward"), reason
 
 
 def test_an_unwritten_forward_is_not_offered(targets):

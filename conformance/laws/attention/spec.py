@@ -20,7 +20,9 @@ this task"; only part (c) asks for the causal flag, of the Triton kernel.  So fo
 PyTorch flavour the CS336 tier checks only that the flag is accepted and off by default
 (``is_causal_is_optional_and_off_by_default``), and the checks that need it honoured
 (``is_causal_defaults_to_false``: the default differs from the causal result;
-``cs336_causal_forward_backward``) are API tier.
+``cs336_causal_forward_backward``; ``causal_masking_in_every_extra_shape``) are API tier,
+and its other extras hold masking off, so that a flavour ignoring the flag fails the
+masking rows alone.
 
 Each check is ``check(attn, device)`` and raises AssertionError on a violation.
 """
@@ -77,8 +79,8 @@ def is_causal_defaults_to_false(attn, device):
     explicit = attn.apply(q, k, v, False)
     causal = attn.apply(q, k, v, True)
     oracle.assert_bitwise_equal("apply(q, k, v) vs apply(q, k, v, False)", default, explicit)
-    if torch.equal(default.detach(), causal.detach()):
-        raise AssertionError("apply(q, k, v) equals the causal result: is_causal must default to False")
+    if torch.equal(default.detach(), causal.detach()):  # then True gives what False gives
+        raise AssertionError("is_causal is ignored: apply(q, k, v, True) equals apply(q, k, v, False) bit for bit")
 
 
 def cs336_noncausal_forward_backward(attn, device):
@@ -137,50 +139,55 @@ CS336 = {
 # Each extra below changes one thing from the contract's inputs (3-D, contiguous, N_q = N_k
 # a power of 2, d a power of 2, the default scale), so its row names what a target lacks: a target
 # whose tiles need N to be a multiple of 16 fails "odd sequence lengths" alone, not also
-# "four dim inputs" and "head dims".
+# "four dim inputs" and "head dims".  Causal masking is contract for the Triton flavour only,
+# so ``masks`` is (False, True) there and (False,) for the PyTorch flavour (``_unmasked``),
+# whose masking has rows of its own: a PyTorch flavour that ignores is_causal, as the
+# handout allows, fails those and nothing else.
+
+BOTH_MASKS = (False, True)
 
 
-def four_dim_inputs(attn, device):
-    for causal in (False, True):
+def four_dim_inputs(attn, device, masks=BOTH_MASKS):
+    for causal in masks:
         case = _case(batch=(2, 3), n_q=64, n_k=64, d=32, causal=causal, seed=5)
         forward_matches_float64_reference(attn, case, device)
         gradients_match_float64_reference(attn, case, device)
 
 
-def unequal_query_and_key_lengths(attn, device):
+def unequal_query_and_key_lengths(attn, device, masks=BOTH_MASKS):
     """N_q != N_k (powers of 2), causal top-left aligned: query i sees keys 0..i on absolute indices."""
     for n_q, n_k in ((16, 128), (128, 16), (32, 64), (64, 32)):
-        for causal in (False, True):
+        for causal in masks:
             case = _case(batch=(2,), n_q=n_q, n_k=n_k, d=32, causal=causal, seed=n_q * 1000 + n_k)
             forward_matches_float64_reference(attn, case, device)
             gradients_match_float64_reference(attn, case, device)
 
 
-def odd_sequence_lengths(attn, device):
+def odd_sequence_lengths(attn, device, masks=BOTH_MASKS):
     """Lengths that no tile divides, equal and unequal, down to one query or one key."""
     for n_q, n_k in ((17, 17), (100, 100), (1, 1), (17, 100), (100, 17), (1, 65), (65, 1)):
-        for causal in (False, True):
+        for causal in masks:
             case = _case(batch=(2,), n_q=n_q, n_k=n_k, d=32, causal=causal, seed=n_q * 1000 + n_k + 7)
             forward_matches_float64_reference(attn, case, device)
             gradients_match_float64_reference(attn, case, device)
 
 
-def standard_head_dims(attn, device):
+def standard_head_dims(attn, device, masks=BOTH_MASKS):
     for d in (16, 32, 64, 128):
-        forward_matches_float64_reference(attn, _case(batch=(1,), n_q=64, n_k=64, d=d, causal=True, seed=d), device)
+        forward_matches_float64_reference(attn, _case(batch=(1,), n_q=64, n_k=64, d=d, causal=masks[-1], seed=d), device)
 
 
-def odd_head_dims(attn, device):
+def odd_head_dims(attn, device, masks=BOTH_MASKS):
     for d in (24, 80, 96, 200, 256):  # 256: the documented maximum
-        case = _case(batch=(1,), n_q=64, n_k=64, d=d, causal=bool(d % 3), seed=d)
+        case = _case(batch=(1,), n_q=64, n_k=64, d=d, causal=bool(d % 3) and masks[-1], seed=d)
         forward_matches_float64_reference(attn, case, device)
         gradients_match_float64_reference(attn, case, device)
 
 
-def noncontiguous_inputs(attn, device):
+def noncontiguous_inputs(attn, device, masks=BOTH_MASKS):
     """3-D inputs stored (N, B, d) and seen as (B, N, d), and rows padded to twice d."""
     for layout in ("transposed", "strided"):
-        case = _case(batch=(2,), n_q=64, n_k=64, d=32, causal=True, layout=layout, seed=7)
+        case = _case(batch=(2,), n_q=64, n_k=64, d=32, causal=masks[-1], layout=layout, seed=7)
         forward_matches_float64_reference(attn, case, device)
         gradients_match_float64_reference(attn, case, device)
 
@@ -274,10 +281,10 @@ def cpu_tensor_to_triton_without_interpreter(target_spec: str):
         raise AssertionError(f"CPU tensor to the Triton path without the interpreter: {last}")
 
 
-def other_numbers_of_leading_dims(attn, device):
+def other_numbers_of_leading_dims(attn, device, masks=BOTH_MASKS):
     """(N, d) and (B, H, G, N, d) inputs: the contract allows any number of leading dims."""
     for batch in ((), (2, 2, 2)):
-        case = _case(batch=batch, n_q=33, n_k=40, d=16, causal=True, seed=9)
+        case = _case(batch=batch, n_q=33, n_k=40, d=16, causal=masks[-1], seed=9)
         forward_matches_float64_reference(attn, case, device)
         gradients_match_float64_reference(attn, case, device)
 
@@ -308,12 +315,42 @@ def many_shapes_in_one_process(attn, device):
                                  f"{i} others passed: {type(exc).__name__}: {first}{hint}") from exc
 
 
+# The extras that draw causal masking (their ``masks`` parameter).
+_MASKED_EXTRAS = (four_dim_inputs, other_numbers_of_leading_dims, unequal_query_and_key_lengths, odd_sequence_lengths,
+                  standard_head_dims, odd_head_dims, noncontiguous_inputs)
+
+
+def _unmasked(check):
+    """``check`` with causal masking held off, under its own name (the report's row)."""
+    def unmasked(attn, device):
+        check(attn, device, masks=(False,))
+
+    unmasked.__name__ = unmasked.__qualname__ = check.__name__
+    unmasked.__doc__ = f"{check.__doc__ or check.__name__} Not causal (PyTorch flavour)."
+    return unmasked
+
+
+def causal_masking_in_every_extra_shape(attn, device):
+    """The PyTorch flavour's masking over the extras' shapes: four and other numbers of dims,
+    N_q != N_k, odd lengths, head dims, non-contiguous inputs (the Triton flavour's extras
+    draw these causal already)."""
+    for check in _MASKED_EXTRAS:
+        try:
+            check(attn, device, masks=(True,))
+        except AssertionError as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise AssertionError(f"causal, as in {check.__name__.replace('_', ' ')}: {first}") from exc
+
+
 _API_BOTH = (four_dim_inputs, many_shapes_in_one_process, other_numbers_of_leading_dims, unequal_query_and_key_lengths,
              odd_sequence_lengths, standard_head_dims, odd_head_dims, noncontiguous_inputs,
              explicit_softmax_scale, bad_input_errors, different_devices_error)
 API = {
-    "pytorch": (is_causal_defaults_to_false, cs336_causal_forward_backward) + _API_BOTH,
+    "pytorch": (is_causal_defaults_to_false, cs336_causal_forward_backward, causal_masking_in_every_extra_shape)
+               + tuple(_unmasked(c) if c in _MASKED_EXTRAS else c for c in _API_BOTH),
     "triton": _API_BOTH,
 }
 
-SPEC_CHECKS = {f.__name__: f for tier in (CS336, API) for checks in tier.values() for f in checks}
+# By name, each check as the Triton flavour runs it (masks included): what a kept mutant's
+# rejection runs, whichever flavour it breaks.
+SPEC_CHECKS = {f.__name__: f for tier in (CS336, API) for checks in (tier["pytorch"], tier["triton"]) for f in checks}
