@@ -54,3 +54,14 @@ def test_merged_leading_dims_in_L_pass_beyond_the_contract_and_fail_within_it(de
     spec.four_dim_inputs(flattened, device)
     with pytest.raises(AssertionError, match="exactly one saved tensor"):
         spec.saves_one_logsumexp_of_query_shape(flattened, device)
+
+
+def test_the_masking_row_leaves_out_shapes_that_fail_without_masking(device):
+    """A flavour that masks right but refuses (N, d) and five-dim inputs fails the leading-dims
+    row alone; the masking row checks the other shapes and passes."""
+    from conformance.mutants.attention import SPECS
+
+    refuses = next(m for m in SPECS if m.name == "three_or_four_dims_only").target().get_flashattention_autograd_function_pytorch()
+    with pytest.raises(Exception):
+        spec.other_numbers_of_leading_dims(refuses, device, masks=(False,))
+    spec.causal_masking_in_every_extra_shape(refuses, device)
