@@ -9,10 +9,7 @@ sequence length (a few us of GPU work) pays in full, three times in a backward.
 A ``Launch`` holds one launch with everything but the leading tensor arguments fixed: the
 grid, the remaining arguments (strides, sizes, scalars, constexprs) and the options.  Its
 first call goes through Triton (compiling if needed) and keeps the ``CompiledKernel``; later
-calls hand Triton's launcher the tensors' addresses as integers and the stored rest
-directly.  (Given a tensor, the launcher calls its ``data_ptr`` method and asks the driver
-whether the address is device memory, a driver call per tensor per launch; the plan that
-keys a Launch has checked every tensor's device already.)
+calls hand Triton's launcher the tensors and the stored rest directly.
 
 Contract
     The caller keys its Launches on everything that decides the fixed arguments and
@@ -78,7 +75,6 @@ def descriptor_allocator(active: bool):
 
 
 DIRECT = True  # False: every launch through Triton's own path (for measuring what the direct one saves)
-POINTERS_AS_INTS = True  # False: tensors handed to the launcher as tensors (for measuring what ints save)
 
 
 def _hooks_active() -> bool:
@@ -99,7 +95,7 @@ class Launch:
     """One kernel launch with everything but the first arguments (the tensors) fixed."""
 
     __slots__ = ("kernel", "grid", "rest", "constexprs", "options", "tma", "device_index", "compiled", "direct_ok",
-                 "c_launch", "c_head", "c_head_meta", "c_tail", "scratch_bytes")
+                 "c_launch", "c_head", "c_head_meta", "scratch_bytes")
 
     def __init__(self, kernel, grid: tuple, rest: tuple, constexprs: dict, options: dict | None,
                  device: torch.device, tma: bool = False):
@@ -135,10 +131,8 @@ class Launch:
         g0, g1, g2 = self.grid
         if self.c_launch is not None:  # Triton's C launcher itself, the descriptor scratch from our cache
             scratch = _tma_scratch(self.scratch_bytes, 128, stream) if self.scratch_bytes else None
-            if POINTERS_AS_INTS:
-                tensors = [t.data_ptr() for t in tensors]
-                scratch = None if scratch is None else scratch.data_ptr()
-            self.c_launch(g0, g1, g2, stream, *self.c_head, scratch, None, *self.c_head_meta, *tensors, *self.c_tail)
+            self.c_launch(g0, g1, g2, stream, *self.c_head, scratch, None, *self.c_head_meta,
+                          *tensors, *self.rest, *self.constexprs.values())
             return
         compiled = self.compiled
         token = _set_allocator() if self.tma else None
@@ -196,7 +190,6 @@ class Launch:
         self.scratch_bytes = g0 * g1 * g2 * launcher.num_ctas * launcher.global_scratch_size
         self.c_head = (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl)
         self.c_head_meta = (compiled.packed_metadata, None, None, None)
-        self.c_tail = (*self.rest, *self.constexprs.values())
         self.c_launch = launcher.launch
 
 

@@ -13,8 +13,6 @@ interleave the variants (the host's speed drifts) and the median per call is rep
                       the Python node and the gradients' accumulation, nothing of ours
     parts             each piece of our backward alone: the plan key, the plan look-up, the
                       four allocations, each launch
-    ours[tensors]     ``ours`` with the launcher given tensors rather than their addresses
-                      (triton_launch.POINTERS_AS_INTS off)
 
 The differences name the parts: ours - ours_no_launch = the launches; ours_no_launch -
 ours_no_work = our Python and allocations; ours_no_work - (sdpa's engine share) = what a
@@ -67,22 +65,6 @@ class _NoLaunch:
         triton_launch.Launch.__call__ = self.saved
 
 
-class _Flags:
-    """triton_launch's measurement switches set while active."""
-
-    def __init__(self, **flags):
-        self.flags = flags
-
-    def __enter__(self):
-        self.saved = {name: getattr(triton_launch, name) for name in self.flags}
-        for name, value in self.flags.items():
-            setattr(triton_launch, name, value)
-
-    def __exit__(self, *exc):
-        for name, value in self.saved.items():
-            setattr(triton_launch, name, value)
-
-
 class _NoWork:
     """FlashAttentionTriton.backward returns the given gradients while active."""
 
@@ -128,7 +110,6 @@ def backward_variants(b, h, n, d, causal=True):
         "ours": timed(_Null(), ours),
         "ours_no_launch": timed(no_launch, ours),
         "ours_no_work": timed(no_work, ours),
-        "ours[tensors]": timed(_Flags(POINTERS_AS_INTS=False), ours),
     }, (q, k, v, do, o_ours)
 
 
@@ -162,7 +143,6 @@ def forward_variants(b, h, n, d, causal=True):
         "fwd_sdpa_default": timed(_Null(), sdpa_bare),
         "fwd_ours": timed(_Null(), ours),
         "fwd_ours_no_launch": timed(_NoLaunch(), ours),
-        "fwd_ours[tensors]": timed(_Flags(POINTERS_AS_INTS=False), ours),
     }
 
 
