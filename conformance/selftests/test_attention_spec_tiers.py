@@ -65,3 +65,24 @@ def test_the_masking_row_leaves_out_shapes_that_fail_without_masking(device):
     with pytest.raises(Exception):
         spec.other_numbers_of_leading_dims(refuses, device, masks=(False,))
     spec.causal_masking_in_every_extra_shape(refuses, device)
+
+
+class _RefusesShortSequences:
+    """impl's PyTorch flavour, but a shape error below 32 queries (as a tile larger than N)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def apply(self, q, k, v, is_causal=False):
+        if q.shape[-2] < 32:
+            raise RuntimeError("shape '[2, 32, 16]' is invalid for input of size 512")
+        return self.fn.apply(q, k, v, is_causal)
+
+
+def test_an_error_at_one_handout_size_names_the_size(device):
+    """Not only wrong numbers: any error inside the handout-size case says at which size."""
+    from conformance.target import load_target
+
+    attn = _RefusesShortSequences(load_target("impl").attention("pytorch"))
+    with pytest.raises(AssertionError, match=r"^N=16, d=16: RuntimeError: shape '\[2, 32, 16\]' is invalid"):
+        spec.forward_backward_at_every_handout_size(attn, device)

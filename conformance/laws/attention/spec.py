@@ -38,7 +38,7 @@ import textwrap
 import torch
 
 from conformance import isolation, oracle
-from conformance.verdicts import NeedsHardware, Verdict
+from conformance.verdicts import NeedsHardware, Verdict, classify
 from conformance.laws.attention.strategies import AttentionCase
 from conformance.laws.attention.laws import (
     accepts_scale,
@@ -101,17 +101,29 @@ def cs336_causal_forward_backward(attn, device):
 HANDOUT_SIZES = ((16, 16), (16, 128), (32, 64), (64, 32), (128, 128), (256, 16), (256, 64))
 
 
+def _named_at(where: str, exc: Exception) -> None:
+    """Raise ``exc`` as a failure that names ``where`` (a size, a shape), unless it is a
+    verdict (not offered, needs a GPU, not run here), which passes through unchanged."""
+    if classify(exc) is not None:
+        raise exc
+    first = (str(exc).strip().splitlines() or [""])[0]
+    kind = "" if isinstance(exc, AssertionError) else f"{type(exc).__name__}: "
+    raise AssertionError(f"{where}: {kind}{first}") from exc
+
+
 def _at_handout_sizes(attn, device, causal_values):
-    for n, d in HANDOUT_SIZES:
-        for causal in causal_values:
-            isolation.note_step(f"N={n}, d={d}{', causal' if causal else ''}")  # named if the process dies here
-            case = _case(batch=(2,), n_q=n, n_k=n, d=d, causal=causal, seed=n * 1000 + d + causal)
-            try:
-                forward_matches_float64_reference(attn, case, device)
-                gradients_match_float64_reference(attn, case, device)
-            except AssertionError as exc:
-                first = (str(exc).strip().splitlines() or [""])[0]
-                raise AssertionError(f"N={n}, d={d}{', causal' if causal else ''}: {first}") from exc
+    # Every forward first: a target whose backward is not offered has its forward judged at
+    # every size before the first gradient check ends the case as "not offered".
+    for part in (forward_matches_float64_reference, gradients_match_float64_reference):
+        for n, d in HANDOUT_SIZES:
+            for causal in causal_values:
+                where = f"N={n}, d={d}{', causal' if causal else ''}"
+                isolation.note_step(where)  # named if the process dies here
+                case = _case(batch=(2,), n_q=n, n_k=n, d=d, causal=causal, seed=n * 1000 + d + causal)
+                try:
+                    part(attn, case, device)
+                except Exception as exc:  # noqa: BLE001 - a shape error at one size is a failure at that size
+                    _named_at(where, exc)
 
 
 def forward_backward_at_every_handout_size(attn, device):
@@ -306,6 +318,8 @@ def many_shapes_in_one_process(attn, device):
             forward_matches_float64_reference(attn, case, device)
             gradients_match_float64_reference(attn, case, device)
         except Exception as exc:  # noqa: BLE001 - which shape, and after how many, is the verdict
+            if classify(exc) is not None:  # not offered (an unwritten backward), needs a GPU: as is
+                raise
             first = (str(exc).strip().splitlines() or [""])[0]
             hint = ""
             if "recompile" in f"{type(exc).__name__} {exc}".lower():
@@ -344,9 +358,7 @@ def causal_masking_in_every_extra_shape(attn, device):
         try:
             check(attn, device, masks=(True,))
         except Exception as exc:  # noqa: BLE001 - which shape is the verdict
-            first = (str(exc).strip().splitlines() or [""])[0]
-            kind = "" if isinstance(exc, AssertionError) else f"{type(exc).__name__}: "
-            raise AssertionError(f"causal, as in {check.__name__.replace('_', ' ')}: {kind}{first}") from exc
+            _named_at(f"causal, as in {check.__name__.replace('_', ' ')}", exc)
         checked += 1
     if not checked:
         raise Verdict("not run here: every extra shape fails without masking (their own rows say why), "
