@@ -164,11 +164,24 @@ def environment_refusal(exc: BaseException, seen: set | None = None) -> str | No
     return environment_refusal(exc.__cause__, seen) or environment_refusal(exc.__context__, seen)
 
 
+def missing_module_refusal(exc: BaseException) -> str | None:
+    """"not run here: ..." when the target's own code (an import inside a factory or a
+    check, after the target loaded) imports a module this environment lacks: the target's
+    dependencies, not its logic (its own machine has them, or its tests could not run)."""
+    if isinstance(exc, BaseExceptionGroup):
+        reasons = [missing_module_refusal(e) for e in exc.exceptions]
+        return reasons[0] if reasons and all(reasons) else None
+    if not isinstance(exc, ModuleNotFoundError) or _raised_by_target(exc) is None:
+        return None
+    return (f"not run here: the target's code imports {exc.name!r}, which is not installed here "
+            f"(ModuleNotFoundError: {exc}); install the target's dependencies")
+
+
 def verdict_for(exc: BaseException):
     """The verdict (``conformance.verdicts``) a refusal rule reads in ``exc``, or None."""
     from conformance.verdicts import EnvironmentRefusal, NeedsHardware, NotOffered
 
-    reason = environment_refusal(exc)
+    reason = environment_refusal(exc) or missing_module_refusal(exc)
     if reason:
         return EnvironmentRefusal(reason)
     reason = gpu_refusal(exc)

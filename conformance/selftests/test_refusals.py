@@ -68,6 +68,12 @@ TARGETS = """
         backward = staticmethod(torch.autograd.Function.backward)  # as if never written
 
 
+    class ImportsAMissingModule:
+        @staticmethod
+        def apply(q, k, v, is_causal=False):
+            import cs336_basics_not_installed.nn  # noqa: F401 - its own package, absent here
+
+
     class NoForward:
         @staticmethod
         def apply(q, k, v, is_causal=False):
@@ -143,6 +149,20 @@ def test_a_function_that_defines_no_backward_is_not_offered(targets):
     """torch raises NotImplementedError from its own Function.backward: the part is unwritten."""
     reason = not_implemented_refusal(_error(spec.cs336_noncausal_forward_backward, targets.obj.DefinesNoBackward))
     assert reason is not None and reason.startswith("not offered: the autograd Function defines no backward"), reason
+
+
+def test_a_module_the_target_imports_and_this_environment_lacks_is_not_run_here(targets):
+    """A lazy import of the target's own dependency fails here: the environment, not the
+    target's logic; a ModuleNotFoundError from the suite's own code is no such verdict."""
+    from conformance.verdicts import EnvironmentRefusal, classify
+
+    verdict = classify(_error(spec.cs336_noncausal_forward_backward, targets.obj.ImportsAMissingModule))
+    assert isinstance(verdict, EnvironmentRefusal), verdict
+    assert "imports 'cs336_basics_not_installed'" in verdict.reason and "install the target's dependencies" in verdict.reason
+    try:
+        import conformance.no_such_suite_module  # noqa: F401
+    except ModuleNotFoundError as exc:
+        assert classify(exc) is None
 
 
 def test_an_unwritten_forward_is_not_offered(targets):
