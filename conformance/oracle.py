@@ -37,13 +37,18 @@ FLOOR_ULPS = 4.0
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def eps(dtype: torch.dtype) -> float:
-    return torch.finfo(dtype).eps
+# Not a torch dtype: float32's range with 10 explicit mantissa bits, what float32 matrix
+# products on NVIDIA tensor cores compute by default in Triton (conformance.laws.attention.tf32).
+TF32 = "tf32"
 
 
-def tiny(dtype: torch.dtype) -> float:
+def eps(dtype) -> float:
+    return 2.0**-10 if dtype == TF32 else torch.finfo(dtype).eps
+
+
+def tiny(dtype) -> float:
     """Smallest normal number: below it rounding is absolute (subnormals), not relative."""
-    return torch.finfo(dtype).tiny
+    return torch.finfo(torch.float32 if dtype == TF32 else dtype).tiny
 
 
 def max_abs_error(actual: torch.Tensor, ref64: torch.Tensor) -> float:

@@ -32,6 +32,16 @@ _SHAPES_COMPILED: set = set()  # compiled_per_shape_with_a_limit: the shapes "co
 COMPILE_LIMIT = 8  # torch._dynamo.config.recompile_limit's default
 
 
+def _mm(a, b, bugs, dtype):
+    """a @ b; with tf32_dots and float32 inputs, both operands rounded to TF32 first, as a
+    float32 tl.dot does by default on NVIDIA GPUs."""
+    if "tf32_dots" in bugs and dtype == torch.float32:
+        from conformance.laws.attention.tf32 import round_to_tf32
+
+        a, b = round_to_tf32(a), round_to_tf32(b)
+    return a @ b
+
+
 def _forward(q, k, v, is_causal, scale, bugs):
     if "compiled_per_shape_with_a_limit" in bugs:  # as torch.compile(dynamic=False, fullgraph=True)
         _SHAPES_COMPILED.add((q.shape, q.dtype, bool(is_causal)))
@@ -76,7 +86,7 @@ def _forward(q, k, v, is_causal, scale, bugs):
                 last = min(key_end, max(qe + n_k - n_q, 0))
         for ks in range(0, last, TILE):
             ke = min(ks + TILE, key_end)
-            s = (q_i @ kf[:, ks:ke].to(work).transpose(1, 2)) * scale
+            s = _mm(q_i, kf[:, ks:ke].to(work).transpose(1, 2), bugs, q.dtype) * scale
             if is_causal:
                 rows = torch.arange(qs, qe, device=q.device)[:, None]
                 cols = torch.arange(ks, ke, device=q.device)[None, :]
@@ -87,7 +97,7 @@ def _forward(q, k, v, is_causal, scale, bugs):
             p = torch.exp(s - m_new[..., None])
             alpha = torch.exp(m - m_new)
             l = (alpha * l + p.sum(-1)).to(acc_dtype)
-            pv = p @ vf[:, ks:ke].to(work)
+            pv = _mm(p, vf[:, ks:ke].to(work), bugs, q.dtype)
             if "no_rescale" in bugs:
                 acc = (acc + pv).to(acc_dtype)  # forgets to rescale O when the max moves
             else:
@@ -105,19 +115,20 @@ def _forward(q, k, v, is_causal, scale, bugs):
 def _backward(q, k, v, o, lse, do, is_causal, scale, bugs):
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     q_, k_, v_, o_, do_ = (t.to(work) for t in (q, k, v, o, do))
-    s = (q_ @ k_.transpose(-1, -2)) * scale
+    mm = lambda a, b: _mm(a, b, bugs, q.dtype)  # noqa: E731
+    s = mm(q_, k_.transpose(-1, -2)) * scale
     if is_causal:
         i = torch.arange(q.shape[-2], device=q.device)[:, None]
         j = torch.arange(k.shape[-2], device=q.device)[None, :]
         shift = k.shape[-2] - q.shape[-2] if "causal_bottom_right" in bugs else 0
         s = s.masked_fill(j > i + shift, float("-inf"))
     p = torch.exp(s - lse.to(work)[..., None])
-    dv = p.transpose(-1, -2) @ do_
-    dp = do_ @ v_.transpose(-1, -2)
+    dv = mm(p.transpose(-1, -2), do_)
+    dp = mm(do_, v_.transpose(-1, -2))
     d_rows = (do_ * o_).sum(-1, keepdim=True)
     ds = p * dp if "backward_without_D" in bugs else p * (dp - d_rows)
-    dq = (ds @ k_) * scale
-    dk = ds.transpose(-1, -2) @ q_ if "dk_missing_scale" in bugs else (ds.transpose(-1, -2) @ q_) * scale
+    dq = mm(ds, k_) * scale
+    dk = mm(ds.transpose(-1, -2), q_) if "dk_missing_scale" in bugs else mm(ds.transpose(-1, -2), q_) * scale
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -195,6 +206,8 @@ SPECS = (
            ("gradients_match_float64_reference", "float64_gradcheck")),
     BuggyFlashSpec("causal_bottom_right", "causal mask aligned bottom-right where N_q != N_k (query i sees keys up to i + N_k - N_q), not top-left",
            ("spec:causal_masking_in_every_extra_shape", "spec:unequal_query_and_key_lengths")),
+    BuggyFlashSpec("tf32_dots", "float32 matrix products with their operands rounded to TF32 (tl.dot's default on NVIDIA GPUs): within the course's 1e-2, far from float32 accuracy",
+           ("spec:float32_inputs_keep_float32_accuracy", "forward_matches_float64_reference")),
     BuggyFlashSpec("causal_skip_needed_tile", "causal tile-skip stops one key short, skipping a needed key tile",
            ("forward_matches_float64_reference",)),
     BuggyFlashSpec("fp16_accumulators", "running sum and O accumulator kept in fp16",

@@ -86,3 +86,21 @@ def test_an_error_at_one_handout_size_names_the_size(device):
     attn = _RefusesShortSequences(load_target("impl").attention("pytorch"))
     with pytest.raises(AssertionError, match=r"^N=16, d=16: RuntimeError: shape '\[2, 32, 16\]' is invalid"):
         spec.forward_backward_at_every_handout_size(attn, device)
+
+
+def test_tf32_dots_pass_the_contract_and_fail_the_float32_extra(device):
+    """A float32 kernel whose dots round to TF32 (the kept mutant ``tf32_dots``, emulated, so
+    it shows on a CPU too) meets the course's contract cases and laws, and the extra names TF32."""
+    from conformance.laws.attention.laws import LAWS_BY_NAME, forward_matches_float64_reference
+    from conformance.laws.attention.strategies import AttentionCase
+    from conformance.mutants.attention import SPECS
+
+    tf32 = next(m for m in SPECS if m.name == "tf32_dots").target().get_flashattention_autograd_function_pytorch()
+    spec.cs336_noncausal_forward_backward(tf32, device)
+    spec.forward_backward_at_every_handout_size(tf32, device)
+    case = AttentionCase((2,), 64, 64, 32, __import__("torch").float32, False, None, 1.0, "contiguous", 3)
+    LAWS_BY_NAME["contract_forward_matches_float64_reference"].check(tf32, case, device)
+    with pytest.raises(AssertionError, match="within the TF32 oracle"):
+        spec.float32_inputs_keep_float32_accuracy(tf32, device, masks=(False,))
+    with pytest.raises(AssertionError, match="exceeds the oracle bound"):
+        forward_matches_float64_reference(tf32, case, device)  # the wider law: float32 accuracy
