@@ -100,6 +100,19 @@ class PeakMemory:
         return None if self.bytes is None else self.bytes / 2**20
 
 
+def host_us_per_call(fn: Callable[[], object], calls: int) -> tuple[float, float]:
+    """(host, wall) microseconds a call: ``calls`` calls with no synchronisation inside the
+    loop (what the CPU spends issuing the work), then the wall time once the GPU is done."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return host, (time.perf_counter() - t0) / calls * 1e6
+
+
 def time_calls(fn: Callable[[], object], device, warmup: int, steps: int) -> list[float]:
     """Seconds of each of ``steps`` timed calls, after ``warmup`` untimed ones."""
     if warmup < 0 or steps < 1:

@@ -56,6 +56,15 @@ def make_inputs(shape: Sequence[int], dtype: torch.dtype, device: torch.device |
     return q, k, v, do
 
 
+def cuda_attention_inputs(batch: int, heads: int, n: int, d: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
+    """q, k, v (requiring grad) and dO of shape (batch, heads, n, d) on the current GPU."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    return q, k, v, do
+
+
 def attention_flops(batch: int, heads: int, n: int, d: int, causal: bool, pass_: str) -> float:
     """Matmul FLOPs of one pass of attention over (batch, heads, n, d) queries and keys."""
     if pass_ not in _PASS_FACTOR:

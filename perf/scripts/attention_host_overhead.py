@@ -31,27 +31,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from perf.lib.measure import kernel_us_per_call
+from perf.lib.measure import host_us_per_call, kernel_us_per_call
+from perf.lib.workloads import cuda_attention_inputs
 
 
 def _inputs(n, batch=8, heads=16, d=64, dtype=torch.bfloat16):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_(True)
-    return q, k, v, do
-
-
-def host_us(fn, calls):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) / calls * 1e6
-    return host, wall
+    return cuda_attention_inputs(batch, heads, n, d, dtype)
 
 
 def python_profile(fn, calls, lines) -> str:
@@ -107,8 +92,8 @@ def main():
             for name in impls:
                 fwd, bwd = passes(name)
                 fwd()  # sets this variant's DIRECT flag, under which its backward then runs
-                host[name]["forward"].append(host_us(fwd, a.calls)[0])
-                host[name]["backward"].append(host_us(bwd, a.calls)[0])
+                host[name]["forward"].append(host_us_per_call(fwd, a.calls)[0])
+                host[name]["backward"].append(host_us_per_call(bwd, a.calls)[0])
         for name in impls:
             fwd, bwd = passes(name)
             fwd()

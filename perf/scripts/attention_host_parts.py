@@ -33,25 +33,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from impl.attention import flash_triton as ft
 from impl.attention import triton_launch
-
-
-def _inputs(b, h, n, d, dtype=torch.bfloat16):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_(True)
-    return q, k, v, do
-
-
-def _host_us(fn, calls: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return host
+from perf.lib.measure import host_us_per_call
+from perf.lib.workloads import cuda_attention_inputs
 
 
 class _NoLaunch:
@@ -81,7 +64,7 @@ class _NoWork:
 
 
 def backward_variants(b, h, n, d, causal=True):
-    q, k, v, do = _inputs(b, h, n, d)
+    q, k, v, do = cuda_attention_inputs(b, h, n, d)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         o_sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     o_ours = ft.FlashAttentionTriton.apply(q, k, v, causal)
@@ -95,7 +78,7 @@ def backward_variants(b, h, n, d, causal=True):
     def timed(ctx, fn):
         def measure(calls):
             with ctx:
-                return _host_us(fn, calls)
+                return host_us_per_call(fn, calls)[0]
         return measure
 
     class _Null:
@@ -114,7 +97,7 @@ def backward_variants(b, h, n, d, causal=True):
 
 
 def forward_variants(b, h, n, d, causal=True):
-    q, k, v, do = _inputs(b, h, n, d)
+    q, k, v, do = cuda_attention_inputs(b, h, n, d)
 
     def sdpa():
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -135,7 +118,7 @@ def forward_variants(b, h, n, d, causal=True):
     def timed(ctx, fn):
         def measure(calls):
             with ctx:
-                return _host_us(fn, calls)
+                return host_us_per_call(fn, calls)[0]
         return measure
 
     return {

@@ -30,14 +30,11 @@ from torch.profiler import ProfilerActivity, profile
 
 from impl.attention import flash_triton as ft
 from perf.lib.measure import kernel_us_per_call
+from perf.lib.workloads import cuda_attention_inputs
 
 
 def _inputs(b, h, n, d, dtype=torch.bfloat16):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_(True)
-    return q, k, v, do
+    return cuda_attention_inputs(b, h, n, d, dtype)
 
 
 def _host_and_latency(fn, calls, clear):
