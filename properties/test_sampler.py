@@ -33,5 +33,21 @@ def test_contract_without_shuffling_rank_r_gets_indices_r_r_plus_r_and_so_on(tar
     check_law(_law("without_shuffle_rank_r_gets_the_strided_order"), target.spec, max_examples=examples(40))
 
 
+def test_contract_a_sampler_kept_across_epochs_gives_after_set_epoch_what_a_fresh_one_gives(target):
+    check_law(_law("a_sampler_kept_across_epochs_follows_set_epoch"), target.spec, max_examples=examples(30))
+
+
+def test_another_seed_gives_another_order(target):
+    check_law(_law("another_seed_gives_another_order"), target.spec, max_examples=examples(20))
+
+
+def test_with_drop_last_and_shuffling_the_dropped_indices_change_between_epochs(target):
+    check_law(_law("drop_last_drops_another_tail_each_epoch"), target.spec, max_examples=examples(15))
+
+
+def test_a_rank_outside_0_to_r_is_a_value_error_naming_the_rank(target):
+    check_law(_law("a_rank_outside_0_to_r_is_a_value_error"), target.spec, max_examples=examples(10))
+
+
 def test_ranks_with_different_numbers_of_batches_finish_under_join_and_equal_the_documented_rule(target, device):
     check_law(_law("uneven_batches_finish_and_equal_the_join_rule"), target.spec, device, max_examples=examples(4))

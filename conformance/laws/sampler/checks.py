@@ -105,3 +105,62 @@ def check_strided(subject, case) -> None:
         want = padded[rank:t:r_]
         if got != want:
             raise AssertionError(f"{_where(case)} rank {rank}: {got}, the strided order is {want}")
+
+
+def check_reused_sampler(subject, case) -> None:
+    """One sampler object per rank, kept across epochs as a training loop keeps it:
+    ``set_epoch(e)`` then iterating gives the shares fresh samplers give at epoch e, for
+    three epochs in a row (a share computed once and cached ignores set_epoch)."""
+    make = load_target(subject).factory("get_distributed_sampler")
+    kept = [make(case.dataset_len, case.num_replicas, rank, shuffle=case.shuffle, seed=case.seed,
+                 drop_last=case.drop_last) for rank in range(case.num_replicas)]
+    for epoch in (case.epoch, case.epoch + 1, case.epoch + 2):
+        got = []
+        for sampler in kept:
+            sampler.set_epoch(epoch)
+            got.append([int(i) for i in sampler])
+        want = shares(subject, case, epoch=epoch)
+        if got != want:
+            raise AssertionError(f"{_where(case)}: after set_epoch({epoch}) the samplers kept since epoch "
+                                 f"{case.epoch} give {interleave(got)}, fresh ones {interleave(want)}")
+
+
+def check_seed(subject, case) -> None:
+    """Another seed, same epoch: another order (N >= 12, as for epochs)."""
+    first = interleave(shares(subject, case))
+    other_case = type(case)(case.dataset_len, case.num_replicas, case.shuffle, case.seed + 1, case.epoch, case.drop_last)
+    if interleave(shares(subject, other_case)) == first:
+        raise AssertionError(f"{_where(case)}: seeds {case.seed} and {case.seed + 1} give the same order {first}: "
+                             "the seed is ignored")
+
+
+DROP_EPOCHS = 8  # one index dropped of N >= 12: the same one in 8 epochs with probability < 12**-7
+
+
+def check_dropped_tail(subject, case) -> None:
+    """With drop_last and shuffling, the dropped indices are the tail of each epoch's order,
+    so they change between epochs (dropping the same indices every epoch means some
+    examples are never trained on)."""
+    n = case.dataset_len
+    dropped = []
+    for epoch in range(case.epoch, case.epoch + DROP_EPOCHS):
+        seen = set(interleave(shares(subject, case, epoch=epoch)))
+        dropped.append(frozenset(range(n)) - seen)
+    if len(set(dropped)) == 1 and dropped[0]:
+        raise AssertionError(f"{_where(case)}: epochs {case.epoch}..{case.epoch + DROP_EPOCHS - 1} all drop the same "
+                             f"indices {sorted(dropped[0])}: they are never seen")
+
+
+def check_bad_rank(subject, case) -> None:
+    """A rank outside [0, R) is refused with a ValueError that names the rank, when the
+    sampler is made (rank R would otherwise read positions past every other rank's)."""
+    make = load_target(subject).factory("get_distributed_sampler")
+    for rank in (case.num_replicas, -1, case.num_replicas + case.seed % 5):
+        try:
+            make(case.dataset_len, case.num_replicas, rank, shuffle=case.shuffle, seed=case.seed, drop_last=case.drop_last)
+        except ValueError as exc:
+            if "rank" not in str(exc).lower():
+                raise AssertionError(f"{_where(case)} rank {rank}: ValueError({exc!s}) does not name the rank") from exc
+            continue
+        raise AssertionError(f"{_where(case)}: rank {rank} of {case.num_replicas} replicas was accepted")
+

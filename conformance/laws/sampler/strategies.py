@@ -29,16 +29,19 @@ class SamplerCase:
     drop_last: bool
 
 
-def sampler_cases(shuffle=(True, False), min_len: int = 0, max_len: int = 40):
-    return st.builds(
+def sampler_cases(shuffle=(True, False), min_len: int = 0, max_len: int = 40, drop_last=(False, True),
+                  ragged: bool = False):
+    """``ragged``: N % R != 0 only (where drop_last drops something)."""
+    cases = st.builds(
         SamplerCase,
         dataset_len=st.integers(min_len, max_len),
-        num_replicas=st.integers(1, 8),
+        num_replicas=st.integers(2 if ragged else 1, 8),
         shuffle=st.sampled_from(shuffle),
         seed=st.integers(0, 2**31),
         epoch=st.integers(0, 50),
-        drop_last=st.booleans(),
+        drop_last=st.sampled_from(drop_last),
     )
+    return cases.filter(lambda c: c.dataset_len % c.num_replicas) if ragged else cases
 
 
 @dataclass(frozen=True)
