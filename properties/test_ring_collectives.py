@@ -22,6 +22,10 @@ def test_subgroups_use_their_own_ring_of_global_ranks(target, device):
     check_law(LAWS_BY_NAME["subgroups_use_their_own_ring_of_global_ranks"], target.spec, device, max_examples=examples(4))
 
 
+def test_non_contiguous_inputs_give_the_same_results(target, device):
+    check_law(LAWS_BY_NAME["non_contiguous_inputs_give_the_same_results"], target.spec, device, max_examples=examples(4))
+
+
 def test_mismatched_shapes_across_ranks_are_a_clear_error_on_every_rank(target, device):
     check_law(LAWS_BY_NAME["mismatched_shapes_across_ranks_are_a_clear_error_on_every_rank"], target.spec, device,
               max_examples=examples(4))

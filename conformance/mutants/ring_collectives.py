@@ -50,10 +50,12 @@ def _rs_chunks(chunks, world, rank, nxt, prv, group, send_shift=1, steps=None, w
         into.add_(buf)
 
 
-def _target(rs=None, alternate=None, peers=None, agree=_agree, step=_step):
+def _target(rs=None, alternate=None, peers=None, agree=_agree, step=_step, alias_at_one=False, flat_view=False):
+    flatten = (lambda t: t.view(-1)) if flat_view else (lambda t: t.reshape(-1))  # view: contiguous inputs only
+
     def reduce_scatter(tensor, group=None, _all=False):
         world, rank, nxt, prv = (peers or _group_info)(group)
-        flat = tensor.detach().reshape(-1).clone()
+        flat = flatten(tensor.detach()).clone()
         if world == 1:
             return flat.reshape(tensor.shape) if _all else flat
         agree(tensor, group, "ring")
@@ -70,16 +72,16 @@ def _target(rs=None, alternate=None, peers=None, agree=_agree, step=_step):
     def all_gather(tensor, group=None):
         world, rank, nxt, prv = (peers or _group_info)(group)
         if world == 1:
-            return tensor.detach().clone()
+            return tensor.detach() if alias_at_one else tensor.detach().clone()
         agree(tensor, group, "ring")
         out = torch.empty((world * tensor.numel(),), dtype=tensor.dtype, device=tensor.device)
         chunks = out.tensor_split(world)
-        chunks[rank].copy_(tensor.detach().reshape(-1))
+        chunks[rank].copy_(flatten(tensor.detach()))
         _ag_chunks(chunks, world, rank, nxt, prv, group, step)
         return out.reshape((world * tensor.shape[0],) + tuple(tensor.shape[1:]))
 
     def alt(tensor, group=None):
-        if alternate is None and peers is None and agree is _agree and step is _step:
+        if alternate is None and peers is None and agree is _agree and step is _step and not flat_view:
             return ring.ring_all_reduce_alternate(tensor, group)
         world, rank, nxt, prv = (peers or _group_info)(group)
         total = tensor.detach().clone().contiguous()
@@ -133,6 +135,8 @@ sends_whole_buffer_each_step = _target(rs="whole")
 group_ranks_used_as_global = _target(peers=_group_ranks_as_global)
 agrees_on_size_not_shape = _target(agree=_numel_only)
 exchanges_unbatched = _target(step=_unbatched_step)
+input_returned_at_world_one = _target(alias_at_one=True)
+contiguous_inputs_only = _target(flat_view=True)
 
 _M = "conformance.mutants.ring_collectives:"
 _VALUES = "results_equal_torch_distributed_collectives"
@@ -155,6 +159,11 @@ MUTANTS = (
     Mutant("agrees_on_size_not_shape", CAPABILITY,
            "ranks compare element counts only: equal-size different shapes go through",
            ("mismatched_shapes_across_ranks_are_a_clear_error_on_every_rank",), _M + "agrees_on_size_not_shape"),
+    Mutant("input_returned_at_world_one", CAPABILITY,
+           "all-gather at W = 1 returns its input (detached), not a new tensor: a caller's later write changes both",
+           (_VALUES,), _M + "input_returned_at_world_one"),
+    Mutant("contiguous_inputs_only", CAPABILITY, "inputs flattened with view(-1): a transposed or sliced tensor raises",
+           ("non_contiguous_inputs_give_the_same_results",), _M + "contiguous_inputs_only"),
     Mutant("exchanges_unbatched", CAPABILITY,
            "each ring step is an unbatched isend then irecv: right on gloo, hangs on NCCL at W = 2",
            ("point_to_point_calls_cannot_hang_on_nccl",), _M + "exchanges_unbatched"),

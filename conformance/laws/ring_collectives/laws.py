@@ -22,6 +22,7 @@ self-test's runner.
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings, check_examples
 from conformance.laws.ring_collectives import checks
@@ -31,6 +32,12 @@ from conformance.target import load_target
 CAPABILITY = "ring collectives"
 CONTROL = "impl"
 DEFAULT_EXAMPLES = 10
+
+def _strided(case):
+    """The case with a non-contiguous input that no view flattens: at least 2 x ... x 2."""
+    shape = case.shape if len(case.shape) >= 2 else case.shape + (1,)
+    return replace(case, layout="strided", shape=(max(2, shape[0]),) + tuple(shape[1:-1]) + (max(2, shape[-1]),))
+
 
 LAWS = (
     Law("results_equal_torch_distributed_collectives", CAPABILITY, CONTRACT,
@@ -43,6 +50,9 @@ LAWS = (
     Law("point_to_point_calls_cannot_hang_on_nccl", CAPABILITY, API,
         cases=lambda device=None: ring_cases(worlds=(2, 3, 4)), check=checks.check_no_nccl_hang, needs=("ranks",),
         extra="NCCL-safe exchanges"),
+    Law("non_contiguous_inputs_give_the_same_results", CAPABILITY, API,
+        cases=lambda device=None: ring_cases().map(_strided), check=checks.check_values,
+        needs=("ranks",), extra="non-contiguous inputs"),
     Law("mismatched_shapes_across_ranks_are_a_clear_error_on_every_rank", CAPABILITY, API,
         cases=lambda device=None: mismatch_cases(), check=checks.check_mismatch, needs=("2 ranks",),
         extra="mismatched shapes"),

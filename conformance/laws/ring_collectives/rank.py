@@ -27,16 +27,29 @@ def run_case(ctx, target_spec: str, case: RingCase, torch_reference: bool = True
     world = len(members)
     x = reference.rank_input(case, grank).to(ctx.device)
     fn = load_target(target_spec).factory(case.op)
+    x_in = _strided_view(x) if case.layout == "strided" else x
     keep = x.clone()
     with P2PLog() as probe:
-        out = fn(x, group)
-    assert torch.equal(x, keep), f"{case.op} wrote into its input"
+        out = fn(x_in, group)
+    assert torch.equal(x_in, keep), f"{case.op} wrote into its input"
+    if isinstance(out, torch.Tensor) and out.numel() and out.untyped_storage().data_ptr() == x_in.untyped_storage().data_ptr():
+        raise AssertionError(f"{case.op} returned its input's storage, not a new tensor (W={world})")
     eager = _torch_collective(case.op, x, group, world, grank) if torch_reference else None
     ring = [members[(grank + 1) % world], members[(grank - 1) % world]]
     if case.members:
         dist.barrier()
     return {"out": out, "eager": eager, "log": probe.log, "units": probe.units, "rank": ctx.rank, "ring": ring,
             "group_rank": grank, "world": world}
+
+
+def _strided_view(x: torch.Tensor) -> torch.Tensor:
+    """x's values in a non-contiguous layout: stored with its first and last dims swapped
+    (no view flattens it), or for one dim every other element of a buffer twice the size."""
+    if x.dim() >= 2:
+        return x.transpose(0, -1).contiguous().transpose(0, -1)
+    buf = torch.zeros(x.shape + (2,), dtype=x.dtype, device=x.device)
+    buf[..., 0] = x
+    return buf[..., 0]
 
 
 def _torch_collective(op: str, x, group, world: int, grank: int):

@@ -21,6 +21,7 @@ class RingCase:
     seed: int
     members: tuple = ()  # a subgroup of these global ranks (empty: the default group)
     shapes: tuple = ()  # per group rank shapes (mismatch cases only)
+    layout: str = "contiguous"  # "strided": each rank's tensor handed over as a non-contiguous view
 
 
 @st.composite
