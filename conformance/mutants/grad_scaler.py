@@ -59,6 +59,15 @@ class _GrowthCounterKept(DistributedGradScaler):
             self._growth_tracker = tracker  # BUG: an overflow does not reset the count of clean steps
 
 
+class _BackoffByOneOverGrowth(DistributedGradScaler):
+    def update(self):
+        scale = self._scale
+        found = any(self._found_inf(s) for s in self._per_optimizer.values() if s["found_inf"] is not None)
+        super().update()
+        if found:
+            self._scale = scale / self.growth_factor  # BUG: backoff_factor ignored (right only when it is 1/growth)
+
+
 def _first_nonfinite_local(model, group=None):
     named = list(model.named_parameters())
     i = local_first_nonfinite(named)  # BUG: no agreement across ranks
@@ -78,6 +87,7 @@ scheduler_steps_on_a_skipped_step = _scaler_target(_StepSaysItStepped)
 unscale_applied_twice = _scaler_target(_UnscaleTwice)
 clipping_on_local_shard_norms = _scaler_target(_ClipLocalNorm)
 growth_counter_not_reset_on_overflow = _scaler_target(_GrowthCounterKept)
+backoff_by_one_over_growth = _scaler_target(_BackoffByOneOverGrowth)
 first_nonfinite_answered_locally = SimpleNamespace(get_distributed_grad_scaler=impl.get_distributed_grad_scaler,
                                                    first_nonfinite_gradient=_first_nonfinite_local)
 
@@ -100,6 +110,8 @@ MUTANTS = (
     _m("clipping_on_local_shard_norms", "clipping uses each rank's local shard norm, not the global norm",
        ["clipping_after_unscale_uses_the_global_norm_across_ranks_and_shards"]),
     _m("growth_counter_not_reset_on_overflow", "an overflow backs the scale off but keeps the count of clean steps",
+       ["scale_grows_after_growth_interval_clean_steps_and_overflow_resets_the_count"]),
+    _m("backoff_by_one_over_growth", "an overflow divides the scale by growth_factor instead of multiplying by backoff_factor",
        ["scale_grows_after_growth_interval_clean_steps_and_overflow_resets_the_count"]),
     _m("first_nonfinite_answered_locally", "first_nonfinite_gradient answers from the local gradients only",
        ["first_nonfinite_gradient_is_the_same_first_parameter_on_every_rank"]),

@@ -98,15 +98,18 @@ def check_parity(subject, case) -> None:
 
 
 def check_growth(subject, case) -> None:
-    """The scale doubles after growth_interval clean steps in a row, halves on an overflow,
-    and an overflow resets the count of clean steps; the same on every rank."""
+    """The scale grows by growth_factor after growth_interval clean steps in a row, is
+    multiplied by backoff_factor on an overflow, and an overflow resets the count of clean
+    steps; the same on every rank."""
     bad = _injected_steps(case)
-    want = reference.scale_sequence(2.0**case.scale_exp, case.growth_interval, [s in bad for s in range(case.steps)])
+    want = reference.scale_sequence(2.0**case.scale_exp, case.growth_interval, [s in bad for s in range(case.steps)],
+                                    growth=case.growth_factor, backoff=case.backoff_factor)
     for rank, records in enumerate(_run(subject, case)):
         got = [r["scale_after"] for r in records]
         if got != want:
             raise AssertionError(f"W={case.world_size} rank {rank}: scales {got}, expected {want} "
-                                 f"(growth_interval {case.growth_interval}, overflow at steps {sorted(bad)})")
+                                 f"(growth_interval {case.growth_interval}, growth_factor {case.growth_factor}, "
+                                 f"backoff_factor {case.backoff_factor}, overflow at steps {sorted(bad)})")
 
 
 def check_second_unscale(subject, case) -> None:

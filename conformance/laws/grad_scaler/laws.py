@@ -42,7 +42,7 @@ LAWS = (
         needs=("ranks",)),
     Law("scale_grows_after_growth_interval_clean_steps_and_overflow_resets_the_count", CAPABILITY, CONTRACT,
         cases=lambda device=None: scaler_cases(device, steps=(5, 8), injections=(1, 2), where=("input", "grad"),
-                                               growth=(2, 3)),
+                                               growth=(2, 3), factors=((2.0, 4.0), (0.5, 0.25))),
         check=checks.check_growth, needs=("ranks",)),
     Law("a_second_unscale_before_update_raises", CAPABILITY, CONTRACT,
         cases=lambda device=None: scaler_cases(device, steps=(1, 2), explicit=(True,), second_unscale=True),

@@ -68,7 +68,8 @@ def rank_scaled_training(ctx, subject: str, case, scaled: bool = True):
     scaler = None
     if scaled:
         scaler = target.factory("get_distributed_grad_scaler")(
-            init_scale=2.0**case.scale_exp, growth_factor=2.0, backoff_factor=0.5, growth_interval=case.growth_interval)
+            init_scale=2.0**case.scale_exp, growth_factor=case.growth_factor, backoff_factor=case.backoff_factor,
+            growth_interval=case.growth_interval)
     names = [n for n, _ in model.named_parameters()]
     records = []
     for step in range(case.steps):

@@ -35,6 +35,8 @@ class ScalerCase:
     explicit_unscale: bool = True
     second_unscale: bool = False
     micro_batches: int = 1
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
     clip_fraction: float = 0.0
     find_first: bool = False
     delay_injected_ranks: bool = False  # ranks with an injection sleep before unscale_/step
@@ -55,7 +57,7 @@ def _injection(draw, w, steps, where):
 
 @st.composite
 def scaler_cases(draw, device, *, contract=True, wrappers=("bucketed", "individual"), steps=(1, 3), injections=(0, 0),
-                 where=("grad",), explicit=(True, False), growth=(1, 3), **fixed):
+                 where=("grad",), explicit=(True, False), growth=(1, 3), factors=((2.0,), (0.5,)), **fixed):
     """Contract cases: DDP at W = 2 (fewer where fewer ranks run); extras: W = 2..4."""
     w = draw(world_sizes(device, 2, 2 if contract else MAX_WORLD_SIZE))
     n_steps = draw(st.integers(*steps))
@@ -73,6 +75,8 @@ def scaler_cases(draw, device, *, contract=True, wrappers=("bucketed", "individu
         steps=n_steps,
         inject=inject,
         explicit_unscale=draw(st.sampled_from(explicit)),
+        growth_factor=draw(st.sampled_from(factors[0])),
+        backoff_factor=draw(st.sampled_from(factors[1])),
     )
     values.update(fixed)
     return ScalerCase(**values)
