@@ -26,6 +26,7 @@ class _Stack(CheckpointedBlocks):
     keep_inner_inputs = False
     twice_below_top = False
     reentrant = False
+    skip_without_grad = False
 
     def forward(self, x):
         self._kept = []
@@ -49,6 +50,8 @@ class _Stack(CheckpointedBlocks):
                 self._run(region.body, t, depth + 1)  # the level's body once too often
             return self._run(region.body, t, depth + 1)
 
+        if self.skip_without_grad and not getattr(inp, "requires_grad", False):
+            return body(inp)  # no input gradient wanted, so (wrongly) nothing to save: runs unchecked
         if self.reentrant:
             return checkpoint(body, inp, use_reentrant=True, preserve_rng_state=self.preserve_rng)
         return checkpoint(body, inp, use_reentrant=False, early_stop=False, preserve_rng_state=self.preserve_rng)
@@ -95,6 +98,7 @@ nested_level_recomputes_twice = _target(_switch(twice_below_top=True))
 reentrant_checkpoint = _target(_switch(reentrant=True))
 blocks_copied = _target(copy_blocks=True)
 bad_requests_accepted = _target(lenient=True)
+unchecked_when_the_input_needs_no_grad = _target(_switch(skip_without_grad=True))
 
 _M = "conformance.mutants.checkpointing:"
 MUTANTS = (
@@ -114,6 +118,9 @@ MUTANTS = (
     Mutant("blocks_copied", CAPABILITY, "the stack runs deep copies of the blocks (parameters and buffers not theirs)",
            ("gradients_and_loss_equal_no_checkpointing_bit_for_bit",
             "blocks_with_buffers_and_non_tensor_outputs_match_the_plain_stack"), _M + "blocks_copied"),
+    Mutant("unchecked_when_the_input_needs_no_grad", CAPABILITY,
+           "a region whose input does not require grad runs without checkpointing (its activations all kept)",
+           ("input_without_grad_still_gives_parameter_gradients",), _M + "unchecked_when_the_input_needs_no_grad"),
     Mutant("bad_requests_accepted", CAPABILITY, "an unknown strategy or k outside 1..N is silently replaced",
            ("bad_strategy_or_segment_size_is_a_clear_error",), _M + "bad_requests_accepted"),
 )

@@ -101,12 +101,18 @@ def check_gradients(subject: str, case: StackCase) -> None:
 
 
 def check_input_without_grad(subject: str, case: StackCase) -> None:
-    """An input that does not require grad still gives every parameter its gradient."""
+    """An input that does not require grad still gives every parameter its gradient, and is
+    still checkpointed: the block forwards equal the prediction (a region skipped because
+    its input needs no gradient runs once, not twice)."""
     case = StackCase(**{**case.__dict__, "input_requires_grad": False})
     want, got, model, blocks = _run_both(subject, case)
     missing = [n for n, g in got[2].items() if n != "input" and g is None]
     assert not missing, f"{len(missing)} parameters got no gradient when the input does not require grad: {missing[:3]}"
     _equal_grads(want[2], got[2])
+    try:
+        check_forwards(subject, case)
+    except AssertionError as exc:
+        raise AssertionError(f"with an input that does not require grad: {exc}") from exc
 
 
 def check_buffers_and_tuples(subject: str, case: StackCase) -> None:
@@ -124,7 +130,7 @@ def check_buffers_and_tuples(subject: str, case: StackCase) -> None:
 def _observe(subject: str, case: StackCase):
     blocks = probe.make_blocks(case.n, case.d, case.h, case.p, case.seed)
     model = build(subject, blocks, case)
-    x = _input(case, True)
+    x = _input(case, case.input_requires_grad)
     return probe.observe(model, blocks, x, case.seed)
 
 
