@@ -9,12 +9,13 @@ changed, and names the laws (``conformance.laws.checkpointing.laws``) that must 
 from __future__ import annotations
 
 import copy
+import math
 from types import SimpleNamespace
 
 from torch.utils.checkpoint import checkpoint
 
 from conformance.lawbook import Mutant
-from impl.checkpointing import CheckpointedBlocks, Region, _carried, plan
+from impl.checkpointing import CheckpointedBlocks, Region, _carried, _segments, plan
 
 CAPABILITY = "activation checkpointing"
 
@@ -78,6 +79,13 @@ def _switch(**flags):
     return type("Mutated", (_Stack,), flags)
 
 
+def _sqrt_one_short_at_squares(n, strategy, k, good):
+    """The best single level from isqrt(N - 1), without the + 1: one too small at N = 4, 9, 16."""
+    if strategy != "sqrt" or n < 2:
+        return good
+    return _segments(n, max(1, math.isqrt(n - 1)))
+
+
 def _last_block_left_out(n, strategy, k, good):
     """Each single-level region ends one block early; that block runs plainly after it."""
     if strategy not in ("every", "segments", "sqrt"):
@@ -99,6 +107,7 @@ reentrant_checkpoint = _target(_switch(reentrant=True))
 blocks_copied = _target(copy_blocks=True)
 bad_requests_accepted = _target(lenient=True)
 unchecked_when_the_input_needs_no_grad = _target(_switch(skip_without_grad=True))
+sqrt_one_short_at_squares = _target(plan_fn=_sqrt_one_short_at_squares)
 
 _M = "conformance.mutants.checkpointing:"
 MUTANTS = (
@@ -121,6 +130,9 @@ MUTANTS = (
     Mutant("unchecked_when_the_input_needs_no_grad", CAPABILITY,
            "a region whose input does not require grad runs without checkpointing (its activations all kept)",
            ("input_without_grad_still_gives_parameter_gradients",), _M + "unchecked_when_the_input_needs_no_grad"),
+    Mutant("sqrt_one_short_at_squares", CAPABILITY,
+           "the sqrt strategy's k is one too small where N is a perfect square (isqrt(N - 1) without the + 1)",
+           ("activation_peak_equals_the_prediction",), _M + "sqrt_one_short_at_squares"),
     Mutant("bad_requests_accepted", CAPABILITY, "an unknown strategy or k outside 1..N is silently replaced",
            ("bad_strategy_or_segment_size_is_a_clear_error",), _M + "bad_requests_accepted"),
 )

@@ -2,8 +2,8 @@
 
 No course test exists; the contract cases pin the issue's laws at chosen sizes: every
 strategy on N = 1, 7, 12 and 24 blocks with dropout (bit-for-bit gradients), the peak and
-forward counts for segments that divide N and that do not, the best single level and the
-nested recursion.  Then the extras at fixed sizes.
+forward counts for segments that divide N and that do not, the best single level (at
+perfect squares too) and the nested recursion.  Then the extras at fixed sizes.
 """
 
 import pytest
@@ -23,7 +23,10 @@ def _ids(cases):
 
 
 GRAD_CASES = [(n, s, k) for n in (1, 7, 12) for s, k in STRATEGIES if k is None or k <= n] + [(24, "nested", None)]
-COST_CASES = [(n, s, k) for n in (1, 2, 7, 12, 24) for s, k in STRATEGIES if k is None or k <= n] + [(24, "segments", 24)]
+# The best single level at perfect squares too, where k = sqrt(N) exactly and an off-by-one
+# in the integer square root shows (N = 4, 9, 16).
+COST_CASES = ([(n, s, k) for n in (1, 2, 7, 12, 24) for s, k in STRATEGIES if k is None or k <= n]
+              + [(24, "segments", 24)] + [(n, "sqrt", None) for n in (4, 9, 16)])
 
 
 @pytest.mark.parametrize("n, strategy, k", GRAD_CASES, ids=_ids(GRAD_CASES))
