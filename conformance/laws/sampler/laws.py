@@ -40,12 +40,14 @@ def check_uneven(subject, case) -> None:
     ranks still active over the initial world size; joined ranks take the last joiner's."""
     require_world_size(case.world_size)
     results = run_on_ranks(rank_uneven_training, case.world_size, subject, case, timeout=JOIN_CASE_TIMEOUT_S[resolve_device()])
-    ref64 = reference.uneven_rule(case, torch.float64)
+    mags: dict = {}
+    ref64 = reference.uneven_rule(case, torch.float64, mags)
     eager = reference.uneven_rule(case, torch.float32)
     for rank, params in enumerate(results):
         for name, value in params.items():
             oracle.assert_bitwise_equal(f"rank {rank} vs rank 0: {name} (batches {case.batches})", value, results[0][name])
-            oracle.assert_close(f"rank {rank}: {name} (batches {case.batches})", value, ref64[name], eager[name], value.dtype)
+            oracle.assert_close(f"rank {rank}: {name} (batches {case.batches})", value, ref64[name], eager[name], value.dtype,
+                                mags[name])
 
 
 LAWS = (

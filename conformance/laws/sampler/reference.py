@@ -13,12 +13,19 @@ import torch
 from conformance.laws.sampler import join_model
 
 
-def uneven_rule(case, dtype) -> dict[str, torch.Tensor]:
+def uneven_rule(case, dtype, magnitudes: dict | None = None) -> dict[str, torch.Tensor]:
+    """The parameters after the rule's steps.  ``magnitudes``, if given, receives per
+    parameter |p_0| + sum over steps of lr * sum over ranks |g| / W: the size of the terms
+    each final value sums, the oracle's rounding scale (the result alone can be far smaller
+    where updates cancel)."""
     model = join_model.build(case, dtype)
     params = dict(model.named_parameters())
     w = case.world_size
+    if magnitudes is not None:
+        magnitudes.update({n: p.detach().abs().double() for n, p in params.items()})
     for step in range(max(case.batches, default=0)):
         total = {n: torch.zeros_like(p) for n, p in params.items()}
+        size = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params.items()}
         for rank in range(w):
             if case.batches[rank] <= step:
                 continue
@@ -27,7 +34,10 @@ def uneven_rule(case, dtype) -> dict[str, torch.Tensor]:
             join_model.loss_fn(model(x), y).backward()
             for n, p in params.items():
                 total[n] += p.grad
+                size[n] += p.grad.abs().double()
         with torch.no_grad():
             for n, p in params.items():
                 p -= case.lr * (total[n] / w)
+                if magnitudes is not None:
+                    magnitudes[n] += case.lr * size[n] / w
     return {n: p.detach().clone() for n, p in params.items()}
