@@ -132,7 +132,7 @@ MUTANTS = (
            ("input_without_grad_still_gives_parameter_gradients",), _M + "unchecked_when_the_input_needs_no_grad"),
     Mutant("sqrt_one_short_at_squares", CAPABILITY,
            "the sqrt strategy's k is one too small where N is a perfect square (isqrt(N - 1) without the + 1)",
-           ("activation_peak_equals_the_prediction",), _M + "sqrt_one_short_at_squares"),
+           ("spec:sqrt_at_perfect_squares",), _M + "sqrt_one_short_at_squares"),
     Mutant("bad_requests_accepted", CAPABILITY, "an unknown strategy or k outside 1..N is silently replaced",
            ("bad_strategy_or_segment_size_is_a_clear_error",), _M + "bad_requests_accepted"),
 )

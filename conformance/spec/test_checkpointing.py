@@ -23,10 +23,7 @@ def _ids(cases):
 
 
 GRAD_CASES = [(n, s, k) for n in (1, 7, 12) for s, k in STRATEGIES if k is None or k <= n] + [(24, "nested", None)]
-# The best single level at perfect squares too, where k = sqrt(N) exactly and an off-by-one
-# in the integer square root shows (N = 4, 9, 16).
-COST_CASES = ([(n, s, k) for n in (1, 2, 7, 12, 24) for s, k in STRATEGIES if k is None or k <= n]
-              + [(24, "segments", 24)] + [(n, "sqrt", None) for n in (4, 9, 16)])
+COST_CASES = [(n, s, k) for n in (1, 2, 7, 12, 24) for s, k in STRATEGIES if k is None or k <= n] + [(24, "segments", 24)]
 
 
 @pytest.mark.parametrize("n, strategy, k", GRAD_CASES, ids=_ids(GRAD_CASES))
@@ -42,6 +39,10 @@ def test_contract_activation_peak_equals_the_prediction(n, strategy, k, target):
 @pytest.mark.parametrize("n, strategy, k", COST_CASES, ids=_ids(COST_CASES))
 def test_contract_block_forwards_equal_the_prediction(n, strategy, k, target):
     checks.check_forwards(target.spec, _case(n, strategy, k))
+
+
+def test_contract_sqrt_at_perfect_squares_has_the_predicted_peak_and_forwards(target):
+    checks.check_sqrt_at_perfect_squares(target.spec)
 
 
 def test_none_strategy_equals_the_plain_stack(target):

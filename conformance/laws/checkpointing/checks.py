@@ -158,6 +158,18 @@ def check_forwards(subject: str, case: StackCase) -> None:
     assert forwards in want, f"{forwards} block forwards, predicted {sorted(want)} for {case.strategy} N={case.n} k={case.k}"
 
 
+# The best single level at perfect squares, where k = sqrt(N) exactly and an off-by-one in
+# the integer square root shows: fixed cases (a law draws N = 4, 9 or 16 with sqrt rarely).
+SQRT_AT_SQUARES = tuple(StackCase(n, "sqrt", None, rows=2, d=4, h=16, p=0.25, seed=3) for n in (4, 9, 16))
+
+
+def check_sqrt_at_perfect_squares(subject: str) -> None:
+    """The activation peak and the block forwards of "sqrt" at N = 4, 9 and 16."""
+    for case in SQRT_AT_SQUARES:
+        check_peak(subject, case)
+        check_forwards(subject, case)
+
+
 def check_bad_request(subject: str, req: BadRequest) -> None:
     """A bad strategy name or k outside 1..N is a ValueError/TypeError naming what is wrong,
     at construction or at the first forward."""
