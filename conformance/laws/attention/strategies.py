@@ -234,7 +234,8 @@ def contract_cases(draw, budget: Budget, flavour: str, *, long: bool = False, ca
 
 
 def boundary_cases(budget: Budget) -> list[AttentionCase]:
-    """Explicit examples every law tries first: causal, one row past a tile multiple.
+    """Explicit examples every law tries first: causal, one row past a tile multiple; and
+    one case with every tensor in its own layout.
 
     A query block whose last tile holds a single row (N = t + 1) is where causal
     tile-skipping, partial-tile and diagonal-mask bugs live; random draws reach it only
@@ -247,6 +248,9 @@ def boundary_cases(budget: Budget) -> list[AttentionCase]:
             continue
         cases.append(AttentionCase((1,), n, n, 32, torch.float32, True, None, 1.0, "contiguous", 1000 + i))
         cases.append(AttentionCase((2,), n, n + 7, 16, torch.float32, True, None, 4.0, "contiguous", 2000 + i))
+    # Each of q, k, v and dO in a layout of its own, with more than one key and batch element:
+    # a launch that passes one tensor's strides for another's shows here, not by chance.
+    cases.append(AttentionCase((2,), 17, 24, 16, torch.float32, True, None, 1.0, "mixed", 3000))
     return cases
 
 
