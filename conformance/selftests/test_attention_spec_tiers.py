@@ -1,6 +1,7 @@
 """Self-checks of the attention spec's tiers (not part of any target's report)."""
 
 import pytest
+import torch
 
 from conformance.laws.attention import spec
 
@@ -98,7 +99,7 @@ def test_tf32_dots_pass_the_contract_and_fail_the_float32_extra(device):
     tf32 = next(m for m in SPECS if m.name == "tf32_dots").target().get_flashattention_autograd_function_pytorch()
     spec.cs336_noncausal_forward_backward(tf32, device)
     spec.forward_backward_at_every_handout_size(tf32, device)
-    cases = [AttentionCase((2,), 64, 64, 32, __import__("torch").float32, causal, None, 1.0, "contiguous", seed)
+    cases = [AttentionCase((2,), 64, 64, 32, torch.float32, causal, None, 1.0, "contiguous", seed)
              for seed in range(4) for causal in (False, True)]  # L below the row max beyond float32's slack in some
     for law in ("contract_forward_matches_float64_reference", "contract_logsumexp_is_row_logsumexp",
                 "contract_gradients_match_float64_reference"):
