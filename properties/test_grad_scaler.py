@@ -45,6 +45,10 @@ def test_fsdp_a_nonfinite_shard_gradient_on_one_rank_skips_the_step_on_every_ran
     _check("fsdp_shard_overflow_on_one_rank_skips_everywhere", target, device, 5)
 
 
+def test_contract_two_optimizers_under_one_scaler_each_skip_on_their_own_gradients_and_the_scale_backs_off_once(target, device):
+    _check("each_of_two_optimizers_skips_on_its_own_gradients_and_update_backs_off_once", target, device, 5)
+
+
 def test_clipping_after_unscale_uses_the_global_norm_across_ranks_and_shards(target, device):
     _check("clipping_after_unscale_uses_the_global_norm_across_ranks_and_shards", target, device, 5)
 

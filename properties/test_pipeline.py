@@ -52,6 +52,11 @@ def test_gradients_accumulated_over_pipeline_steps_equal_one_step_on_the_whole_b
     check_law(_law("gradient_accumulation_across_steps_equals_one_step_on_the_whole_batch"), target.spec, device, max_examples=examples(6))
 
 
+def test_float64_stages_send_float64_and_match_the_dense_model_to_float64_precision(target, device):
+    check_law(_law("float64_stages_send_float64_and_match_the_dense_model_to_float64_precision"), target.spec, device,
+              max_examples=examples(4))
+
+
 def test_gpt_cut_into_stages_matches_the_dense_gpt_with_ignored_targets(target, device):
     check_law(_law("gpt_stages_match_the_dense_gpt_with_ignored_targets"), target.spec, device, max_examples=examples(6))
 

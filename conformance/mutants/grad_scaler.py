@@ -68,6 +68,35 @@ class _BackoffByOneOverGrowth(DistributedGradScaler):
             self._scale = scale / self.growth_factor  # BUG: backoff_factor ignored (right only when it is 1/growth)
 
 
+class _NoneGradsNotSkipped(DistributedGradScaler):
+    def unscale_(self, optimizer):
+        state = self._state(optimizer)
+        if state["stage"] != "ready":
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update()")
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"]]  # BUG: None gradients kept
+        state["found_inf"] = self._agree(self._unscale_grads(grads))
+        state["stage"] = UNSCALED
+
+
+class _OneStageForAll(DistributedGradScaler):
+    def _state(self, optimizer):
+        return self._per_optimizer.setdefault(0, {"stage": "ready", "found_inf": None})  # BUG: not per optimizer
+
+
+class _UpdateReadsTheLastOptimizer(DistributedGradScaler):
+    def update(self):
+        states = [s for s in self._per_optimizer.values() if s["found_inf"] is not None]
+        if states:
+            self._per_optimizer = {0: states[-1]}  # BUG: an overflow in an earlier optimizer is forgotten
+        super().update()
+
+
+class _OneSkipForAll(DistributedGradScaler):
+    def _found_inf(self, state):
+        found = [s["found_inf"] for s in self._per_optimizer.values() if s["found_inf"] is not None]
+        return any(bool(f.item() > 0) for f in found)  # BUG: every optimizer skips when any found one
+
+
 def _first_nonfinite_local(model, group=None):
     named = list(model.named_parameters())
     i = local_first_nonfinite(named)  # BUG: no agreement across ranks
@@ -88,10 +117,15 @@ unscale_applied_twice = _scaler_target(_UnscaleTwice)
 clipping_on_local_shard_norms = _scaler_target(_ClipLocalNorm)
 growth_counter_not_reset_on_overflow = _scaler_target(_GrowthCounterKept)
 backoff_by_one_over_growth = _scaler_target(_BackoffByOneOverGrowth)
+none_gradients_not_passed_over = _scaler_target(_NoneGradsNotSkipped)
+one_stage_for_all_optimizers = _scaler_target(_OneStageForAll)
+update_reads_only_the_last_optimizer = _scaler_target(_UpdateReadsTheLastOptimizer)
+one_skip_decision_for_all_optimizers = _scaler_target(_OneSkipForAll)
 first_nonfinite_answered_locally = SimpleNamespace(get_distributed_grad_scaler=impl.get_distributed_grad_scaler,
                                                    first_nonfinite_gradient=_first_nonfinite_local)
 
 SKIP = "nonfinite_on_one_rank_skips_everywhere_keeps_state_and_backs_off"
+TWO = "each_of_two_optimizers_skips_on_its_own_gradients_and_update_backs_off_once"
 
 
 def _m(name, bug, caught_by):
@@ -113,6 +147,14 @@ MUTANTS = (
        ["scale_grows_after_growth_interval_clean_steps_and_overflow_resets_the_count"]),
     _m("backoff_by_one_over_growth", "an overflow divides the scale by growth_factor instead of multiplying by backoff_factor",
        ["scale_grows_after_growth_interval_clean_steps_and_overflow_resets_the_count"]),
+    _m("none_gradients_not_passed_over", "unscale_ hands a parameter without a gradient (None) to the unscale kernel",
+       ["spec:frozen_and_unused_parameters_are_passed_over"]),
+    _m("one_stage_for_all_optimizers", "one unscale_/step stage for the scaler, not one per optimizer: the second "
+       "optimizer's unscale_ raises", [TWO, "spec:two_optimizers_each_skip_on_their_own_gradients"]),
+    _m("update_reads_only_the_last_optimizer", "update() decides on the last optimizer's flag: an overflow in an earlier "
+       "one does not back the scale off", ["spec:two_optimizers_each_skip_on_their_own_gradients"]),
+    _m("one_skip_decision_for_all_optimizers", "every optimizer skips when any one found a non-finite gradient",
+       ["spec:two_optimizers_each_skip_on_their_own_gradients"]),
     _m("first_nonfinite_answered_locally", "first_nonfinite_gradient answers from the local gradients only",
        ["first_nonfinite_gradient_is_the_same_first_parameter_on_every_rank"]),
 )

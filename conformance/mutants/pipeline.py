@@ -129,6 +129,8 @@ def _executor_target(bug: str):
                     x = xs[mb]
                 else:
                     x = recv_tensor(prev_rank, ACTIVATION, mb, device, group)
+                    if bug == "activations_sent_in_float32":  # BUG (with the send below): a float32 buffer in between
+                        x = x.to(next(stage_module.parameters()).dtype)
                     x.requires_grad_(x.is_floating_point())
                 out = stage_module(x)
                 if last:
@@ -141,7 +143,8 @@ def _executor_target(bug: str):
                     else:
                         out = loss / normalizer
                 else:
-                    pending += send_tensor(out, next_rank, ACTIVATION, mb, group)
+                    sent = out.float() if bug == "activations_sent_in_float32" else out
+                    pending += send_tensor(sent, next_rank, ACTIVATION, mb, group)
                 if bug == "keeps_last_activations_only":  # BUG: one stash slot, overwritten by each forward
                     stash = {k: (x, out) for k in stash}
                 stash[mb] = (x, out)
@@ -171,6 +174,7 @@ loss_scaled_twice = _executor_target("loss_scaled_twice")
 keeps_last_activations_only = _executor_target("keeps_last_activations_only")
 grads_zeroed_each_step = _executor_target("grads_zeroed_each_step")
 mean_of_microbatch_means = _executor_target("mean_of_microbatch_means")
+activations_sent_in_float32 = _executor_target("activations_sent_in_float32")
 
 
 # --- the list -----------------------------------------------------------------------------
@@ -200,5 +204,8 @@ MUTANTS = (
            ("gradient_accumulation_across_steps_equals_one_step_on_the_whole_batch",), _M + "grads_zeroed_each_step"),
     Mutant("mean_of_microbatch_means", CAPABILITY, "each micro-batch's loss normalised by its own rows, then averaged over micro-batches",
            (PARITY, "gpt_stages_match_the_dense_gpt_with_ignored_targets"), _M + "mean_of_microbatch_means"),
+    Mutant("activations_sent_in_float32", CAPABILITY, "activations cross between stages as float32 whatever the model's "
+           "dtype (cast back on arrival)", ("float64_stages_send_float64_and_match_the_dense_model_to_float64_precision",),
+           _M + "activations_sent_in_float32"),
 )
 MUTANTS_BY_NAME = {m.name: m for m in MUTANTS}

@@ -4,7 +4,8 @@ No course handout defines it; the contract cases pin the GradScaler contract wit
 bucketed DDP (``get_ddp``) at 2 ranks: exact unscale at 2^16, an Inf on rank 1 only
 skipping on both ranks (Adam state kept, scale halved), scaled = unscaled training over
 four steps, growth after 2 clean steps, the second unscale_, the first non-finite
-parameter, and the local rules of a scaler in one process.  Extras: FSDP, clipping,
+parameter, frozen and unused parameters, two optimizers, and the local rules of a scaler
+in one process.  Extras: FSDP, clipping,
 accumulation.
 """
 
@@ -12,16 +13,12 @@ import pytest
 import torch
 
 from conformance.laws.grad_scaler import checks
-from conformance.laws.grad_scaler.strategies import ScalerCase
+from conformance.laws.grad_scaler.strategies import spec_case
 
 pytestmark = pytest.mark.distributed
 
 
-def _case(**kw):
-    base = dict(world_size=2, wrapper="bucketed", seed=3, width=4, rows=3, optimizer="adam", scale_exp=16,
-                growth_interval=2, steps=2)
-    base.update(kw)
-    return ScalerCase(**base)
+_case = spec_case
 
 
 def test_contract_unscale_at_2_to_the_16_is_exact_on_2_ranks(target):
@@ -51,6 +48,14 @@ def test_contract_second_unscale_raises(target):
 def test_contract_first_nonfinite_parameter_agreed_on_2_ranks(target):
     checks.check_first_nonfinite(target.spec, _case(steps=2, find_first=True,
                                                     inject=((0, 1, "grad", "inf", 4), (0, 0, "grad", "nan", 6))))
+
+
+def test_contract_frozen_and_unused_parameters_are_passed_over(target):
+    checks.spec_frozen_and_unused_parameters_are_passed_over(target.spec)
+
+
+def test_contract_two_optimizers_each_skip_on_their_own_gradients(target):
+    checks.spec_two_optimizers_each_skip_on_their_own_gradients(target.spec)
 
 
 def test_contract_one_process_scaler_rules(target):

@@ -15,6 +15,7 @@ from conformance import oracle
 from conformance.harness import require_world_size, run_on_ranks
 from conformance.laws.grad_scaler import reference
 from conformance.laws.grad_scaler.rank import rank_parity, rank_scaled_training
+from conformance.laws.grad_scaler.strategies import spec_case
 
 CASE_TIMEOUT_S = 60.0
 
@@ -174,4 +175,74 @@ def check_accumulation(subject, case) -> None:
             raise AssertionError(f"{where}: step returned {rec['stepped']!r} on a clean step")
         for name, grad in rec["grads_after_step"].items():
             key = name.removeprefix("module.")
+            if ref64[key] is None or grad is None:
+                _same(f"{where}: {name} (a parameter without a gradient in the big batch)", grad, ref64[key])
+                continue
             oracle.assert_close(f"{where}: {name} vs the big batch", grad, ref64[key], eager[key])
+
+
+def check_each_optimizer(subject, case) -> None:
+    """Two optimizers under one scaler (torch's multi-optimizer contract): each unscale_s
+    once (the second optimizer's unscale_ is not a second unscale_), each skips exactly when
+    one of ITS gradients is non-finite on some rank, the other steps on the exactly
+    unscaled gradients; update() backs off once if either found one, else counts a clean
+    step; the same on every rank."""
+    results = _run(subject, case)
+    n_opts = 2
+    overflow = []
+    for step in range(case.steps):
+        hit = {results[0][step]["owner"][name] for r in results for name in r[step]["injected"] if name != "input"}
+        if any("input" in r[step]["injected"] for r in results):
+            raise AssertionError("the two-optimizer law injects into gradients only: an input's reach is not known")
+        overflow.append(bool(hit))
+        for rank, records in enumerate(results):
+            rec = records[step]
+            where = _where(case, rank, step) + f" (injected {case.inject})"
+            want = tuple(k not in hit for k in range(n_opts))
+            if tuple(rec["stepped"]) != want:
+                raise AssertionError(f"{where}: step returned {tuple(rec['stepped'])} for the two optimizers, expected {want} "
+                                     f"(a non-finite gradient skips only the optimizer holding it)")
+            inv = torch.tensor(1.0 / rec["scale"], dtype=torch.float32)
+            for name, before in rec["params_before"].items():
+                k = rec["owner"][name]
+                if k in hit:
+                    _same(f"{where}: optimizer {k} skipped but changed {name}", rec["params_after"][name], before)
+                elif rec["scaled_grads"][name] is not None:
+                    _same(f"{where}: {name} (optimizer {k}, clean) after unscale_ vs scaled * 1/S",
+                          rec["grads_after_step"][name], rec["scaled_grads"][name] * inv)
+            for key, before in rec["opt_before"].items():
+                if int(key.split(".")[0]) in hit:
+                    _same(f"{where}: skipped optimizer's state {key} changed", rec["opt_after"][key], before)
+    want = reference.scale_sequence(2.0**case.scale_exp, case.growth_interval, overflow,
+                                    growth=case.growth_factor, backoff=case.backoff_factor)
+    for rank, records in enumerate(results):
+        got = [r["scale_after"] for r in records]
+        if got != want:
+            raise AssertionError(f"W={case.world_size} rank {rank}, two optimizers: scales {got}, expected {want} "
+                                 f"(overflow in either optimizer at steps {[s for s, o in enumerate(overflow) if o]}, "
+                                 f"growth_interval {case.growth_interval})")
+
+
+# --- fixed spec cases that kept mutants name (``spec:<name>``) ------------------------------
+
+
+def spec_frozen_and_unused_parameters_are_passed_over(subject) -> None:
+    """A frozen layer and a layer no rank calls sit in the optimizer with no gradient:
+    unscale_ and step pass over them (exact unscale, an Inf still skips)."""
+    case = dict(frozen=True, unused=True, optimizer="sgd")
+    check_unscale(subject, spec_case(**case))
+    check_skip(subject, spec_case(steps=2, inject=((1, 0, "grad", "inf", 1),), **case))
+
+
+def spec_two_optimizers_each_skip_on_their_own_gradients(subject) -> None:
+    """Optimizer 0 holds body.0's weight and bias and body.1's weight, optimizer 1 the rest:
+    step 0 an Inf in optimizer 0's body.0.bias on rank 1, step 2 a NaN in optimizer 1's
+    head.weight on rank 0; the other optimizer steps each time and the scale backs off."""
+    check_each_optimizer(subject, spec_case(steps=3, two_optimizers=True,
+                                            inject=((0, 1, "grad", "inf", 1), (2, 0, "grad", "nan", 4))))
+
+
+SPEC_CHECKS = {
+    "frozen_and_unused_parameters_are_passed_over": spec_frozen_and_unused_parameters_are_passed_over,
+    "two_optimizers_each_skip_on_their_own_gradients": spec_two_optimizers_each_skip_on_their_own_gradients,
+}

@@ -12,7 +12,8 @@ A target offers
 Capability "gradient scaler".  No course handout: the contract tier is the GradScaler
 contract with impl's DDP wrappers at W = 2 (unscale exactness, skip agreement with
 backoff, scaled = unscaled training, growth and its counter, second unscale_, the first
-non-finite parameter); the extras run FSDP, clipping to the global norm, no_sync
+non-finite parameter, two optimizers under one scaler, frozen and unused parameters drawn
+into every DDP case); the extras run FSDP, clipping to the global norm, no_sync
 accumulation, and W up to 4.
 
 ``rejection(law_name, target_spec, max_examples)`` is the mutant self-test's runner.
@@ -50,6 +51,10 @@ LAWS = (
     Law("first_nonfinite_gradient_is_the_same_first_parameter_on_every_rank", CAPABILITY, CONTRACT,
         cases=lambda device=None: scaler_cases(device, steps=(1, 2), injections=(0, 3), find_first=True),
         check=checks.check_first_nonfinite, needs=("ranks",)),
+    Law("each_of_two_optimizers_skips_on_its_own_gradients_and_update_backs_off_once", CAPABILITY, CONTRACT,
+        cases=lambda device=None: scaler_cases(device, steps=(2, 4), injections=(1, 2), where=("grad",), growth=(1, 2),
+                                               explicit=(True, False), two_optimizers=True),
+        check=checks.check_each_optimizer, needs=("ranks",)),
     Law("fsdp_shard_overflow_on_one_rank_skips_everywhere", CAPABILITY, API,
         cases=lambda device=None: scaler_cases(device, contract=False, wrappers=("fsdp",), steps=(2, 3), injections=(1, 2)),
         check=checks.check_skip, needs=("ranks",), extra="FSDP, W up to 4"),
@@ -75,5 +80,8 @@ DEFAULT_EXAMPLES = 6
 
 
 def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
-    """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes."""
+    """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes
+    (``spec:<name>``: one of the fixed spec cases in ``checks.SPEC_CHECKS``)."""
+    if law_name.startswith("spec:"):
+        return first_failure_line(lambda: checks.SPEC_CHECKS[law_name.removeprefix("spec:")](target_spec))
     return first_failure_line(lambda: check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS))

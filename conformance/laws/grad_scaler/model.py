@@ -9,7 +9,8 @@ from conformance.laws.ddp.model import ModelSpec, RandomMLP
 
 def build(case, dtype=torch.float32) -> RandomMLP:
     torch.manual_seed(case.seed)
-    return RandomMLP(ModelSpec(d_in=case.width, widths=(case.width + 1, case.width), d_out=2)).to(dtype)
+    spec = ModelSpec(d_in=case.width, widths=(case.width + 1, case.width), d_out=2, frozen=case.frozen, branch=case.unused)
+    return RandomMLP(spec).to(dtype)  # called without branch rows: the branch layer is never used
 
 
 def batch(case, rank: int, step: int, micro: int = 0, dtype=torch.float32):
@@ -36,6 +37,16 @@ def wrap(case, module):
     if case.wrapper == "fsdp":
         return FSDP(module)
     raise ValueError(f"unknown wrapper {case.wrapper!r}")
+
+
+def optimizers(case, params) -> list:
+    """One optimizer over every parameter (frozen and unused ones included, as
+    ``model.parameters()`` gives them), or two over the first half and the rest."""
+    params = list(params)
+    if not case.two_optimizers:
+        return [optimizer(case, params)]
+    cut = max(1, len(params) // 2)
+    return [optimizer(case, params[:cut]), optimizer(case, params[cut:])]
 
 
 def optimizer(case, params):

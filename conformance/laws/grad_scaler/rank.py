@@ -32,11 +32,12 @@ def _clone_grads(model):
     return {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in model.named_parameters()}
 
 
-def _clone_state(opt):
+def _clone_state(opts):
     out = {}
-    for i, (p, state) in enumerate(opt.state.items()):
-        for k, v in state.items():
-            out[f"{i}.{k}"] = v.detach().clone() if isinstance(v, torch.Tensor) else torch.tensor(float(v))
+    for o, opt in enumerate(opts):
+        for i, (p, state) in enumerate(opt.state.items()):
+            for k, v in state.items():
+                out[f"{o}.{i}.{k}"] = v.detach().clone() if isinstance(v, torch.Tensor) else torch.tensor(float(v))
     return out
 
 
@@ -63,7 +64,8 @@ def rank_scaled_training(ctx, subject: str, case, scaled: bool = True):
     target = load_target(subject)
     module = models.build(case).to(ctx.device)
     model = models.wrap(case, module)
-    opt = models.optimizer(case, model.parameters())
+    opts = models.optimizers(case, model.parameters())
+    opt = opts[0]
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     scaler = None
     if scaled:
@@ -71,11 +73,14 @@ def rank_scaled_training(ctx, subject: str, case, scaled: bool = True):
             init_scale=2.0**case.scale_exp, growth_factor=case.growth_factor, backoff_factor=case.backoff_factor,
             growth_interval=case.growth_interval)
     names = [n for n, _ in model.named_parameters()]
+    owner = {n: next(k for k, o in enumerate(opts) for g in o.param_groups for q in g["params"] if q is p)
+             for n, p in model.named_parameters()}
     records = []
     for step in range(case.steps):
-        rec = {"params_before": _clone_params(model), "opt_before": _clone_state(opt), "lr_before": opt.param_groups[0]["lr"]}
+        rec = {"params_before": _clone_params(model), "opt_before": _clone_state(opts), "lr_before": opt.param_groups[0]["lr"]}
         rec["scale"] = scaler.get_scale() if scaler else 1.0
-        opt.zero_grad(set_to_none=True)
+        for o in opts:
+            o.zero_grad(set_to_none=True)
         mine = [i for i in case.inject if i[0] == step and i[1] == ctx.rank]
         for micro in range(case.micro_batches):
             x, y = (t.to(ctx.device) for t in models.batch(case, ctx.rank, step, micro))
@@ -88,6 +93,7 @@ def rank_scaled_training(ctx, subject: str, case, scaled: bool = True):
                 (scaler.scale(loss) if scaler else loss).backward()
         model.finish_gradient_synchronization()
         params = dict(model.named_parameters())
+        rec["injected"] = []  # the parameter names given a non-finite gradient here, "input" for an input
         with torch.no_grad():
             for _, _, where, kind, index in mine:
                 if where == "grad":
@@ -95,14 +101,18 @@ def rank_scaled_training(ctx, subject: str, case, scaled: bool = True):
                     name = with_grad[index % len(with_grad)]
                     flat = params[name].grad.view(-1)
                     flat[(index * 7) % flat.numel()] = VALUES[kind]
-        rec["names"] = names
+                    rec["injected"].append(name)
+                else:
+                    rec["injected"].append("input")
+        rec["names"], rec["owner"] = names, owner
         if case.find_first:
             rec["first_nonfinite"] = target.call("first_nonfinite_gradient", model)
         rec["scaled_grads"] = _clone_grads(model)
         if mine and case.delay_injected_ranks:
             time.sleep(DELAY_S)  # the others reach the agreement first: a flag read early is their own
         if scaler is not None and case.explicit_unscale:
-            scaler.unscale_(opt)
+            for o in opts:  # each optimizer once: a second optimizer's unscale_ is not a second unscale_
+                scaler.unscale_(o)
             rec["unscaled_grads"] = _clone_grads(model)
             if case.second_unscale:
                 try:
@@ -119,19 +129,21 @@ def rank_scaled_training(ctx, subject: str, case, scaled: bool = True):
                 rec["clip"] = {"law_norm": norm, "max_norm": max_norm, "returned": float(returned),
                                "after": _clone_grads(model)}
         if scaler is not None:
-            stepped = scaler.step(opt)
+            each = tuple(scaler.step(o) for o in opts)
         else:
-            opt.step()
-            stepped = True
+            for o in opts:
+                o.step()
+            each = (True,) * len(opts)
+        stepped = each[0] if len(opts) == 1 else each  # the scheduler follows the first optimizer
         rec["stepped"] = stepped
         rec["grads_after_step"] = _clone_grads(model)
-        if stepped is True:
+        if each[0] is True:
             sched.step()
         if scaler is not None:
             scaler.update()
         rec["scale_after"] = scaler.get_scale() if scaler else 1.0
         rec["params_after"] = _clone_params(model)
-        rec["opt_after"] = _clone_state(opt)
+        rec["opt_after"] = _clone_state(opts)
         rec["lr_after"] = opt.param_groups[0]["lr"]
         records.append(rec)
     return records

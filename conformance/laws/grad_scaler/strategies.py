@@ -7,6 +7,9 @@ non-finite values put in: ``(step, rank, where, kind, param_index)``, where "gra
 element of one parameter's gradient on ONE rank after the gradient synchronisation (what
 a rank holding its own shard or a corrupted local copy sees) and "input" one element of
 that rank's first input row (it reaches every rank through the averaging).
+Under DDP the model may also hold a frozen layer (``requires_grad=False``) and a layer no
+rank uses, both in the optimizer's parameters with no gradient; ``two_optimizers`` splits
+the parameters between two optimizers of one scaler (torch's multi-optimizer usage).
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ class ScalerCase:
     clip_fraction: float = 0.0
     find_first: bool = False
     delay_injected_ranks: bool = False  # ranks with an injection sleep before unscale_/step
+    frozen: bool = False  # a layer with requires_grad=False: no gradient, still in the optimizer
+    unused: bool = False  # a layer no rank calls: no gradient anywhere, still in the optimizer
+    two_optimizers: bool = False  # the first half of the parameters in one optimizer, the rest in another
 
 
 def world_sizes(device, low: int, high: int):
@@ -63,9 +69,11 @@ def scaler_cases(draw, device, *, contract=True, wrappers=("bucketed", "individu
     n_steps = draw(st.integers(*steps))
     n_inject = draw(st.integers(*injections))
     inject = tuple(sorted({_injection(draw, w, n_steps, where) for _ in range(n_inject)}))
+    wrapper = draw(st.sampled_from(wrappers))
+    ddp = wrapper != "fsdp"
     values = dict(
         world_size=w,
-        wrapper=draw(st.sampled_from(wrappers)),
+        wrapper=wrapper,
         seed=draw(st.integers(0, 2**20)),
         width=draw(st.integers(2, 5)),
         rows=draw(st.integers(1, 4)),
@@ -77,6 +85,16 @@ def scaler_cases(draw, device, *, contract=True, wrappers=("bucketed", "individu
         explicit_unscale=draw(st.sampled_from(explicit)),
         growth_factor=draw(st.sampled_from(factors[0])),
         backoff_factor=draw(st.sampled_from(factors[1])),
+        frozen=ddp and draw(st.booleans()),
+        unused=ddp and draw(st.booleans()),
     )
     values.update(fixed)
     return ScalerCase(**values)
+
+
+def spec_case(**kw) -> ScalerCase:
+    """The fixed spec cases' base: bucketed DDP at W = 2, Adam, scale 2^16, growth every 2."""
+    base = dict(world_size=2, wrapper="bucketed", seed=3, width=4, rows=3, optimizer="adam", scale_exp=16,
+                growth_interval=2, steps=2)
+    base.update(kw)
+    return ScalerCase(**base)

@@ -162,7 +162,8 @@ def check_parity(subject, case, names=("afab", "1f1b"), device=None) -> None:
     backwards run in the same micro-batch order on every stage agree to the bit."""
     results = run_on_ranks(rank_pipeline_grads, case.world_size, subject, case, names, timeout=CASE_TIMEOUT_S, device=device)
     ref64, loss64 = reference.dense(case, torch.float64)
-    eager, loss32 = reference.eager(case, ref64, resolve_device(device))
+    dtype = getattr(torch, case.dtype)
+    eager, loss32 = reference.eager(case, ref64, resolve_device(device), dtype)
     magnitude = reference.per_sample_magnitude(case)
     for name in names:
         seen = {}
@@ -171,7 +172,7 @@ def check_parity(subject, case, names=("afab", "1f1b"), device=None) -> None:
                 if grad is None:
                     raise AssertionError(f"{name}: stage {r} parameter {pname} got no gradient")
                 seen[pname] = r
-                oracle.assert_close(f"{name} W={case.world_size} m={case.n_microbatches}: stage {r} grad {pname}", grad, ref64[pname], eager[pname], torch.float32, magnitude=magnitude[pname])
+                oracle.assert_close(f"{name} W={case.world_size} m={case.n_microbatches} {case.dtype}: stage {r} grad {pname}", grad, ref64[pname], eager[pname], dtype, magnitude=magnitude[pname])
         missing = sorted(set(ref64) - set(seen))
         if missing:
             raise AssertionError(f"{name}: no stage holds {missing}")
@@ -179,7 +180,7 @@ def check_parity(subject, case, names=("afab", "1f1b"), device=None) -> None:
         if any(loss is None for loss in losses):
             raise AssertionError(f"{name}: the last stage returned no loss")
         total = sum(losses)
-        oracle.assert_close(f"{name}: loss of the step", total.reshape(()), loss64.reshape(()), loss32.reshape(()), torch.float32)
+        oracle.assert_close(f"{name}: loss of the step", total.reshape(()), loss64.reshape(()), loss32.reshape(()), dtype)
     if len(names) == 2:
         orders = backward_orders(subject, case, names)
         if orders[names[0]] == orders[names[1]]:

@@ -33,7 +33,7 @@ def rank_pipeline_grads(ctx, target_spec: str, case, schedule_names=("afab", "1f
     start, stop = stage_bounds(case.n_layers, ctx.world_size)[ctx.rank]
     results = {}
     for name in schedule_names:
-        layers, inputs, targets, loss_fn, count = models.build(case, torch.float32, ctx.device)
+        layers, inputs, targets, loss_fn, count = models.build(case, getattr(torch, case.dtype), ctx.device)
         stage = nn.Sequential(*layers[start:stop])
         first, last = ctx.rank == 0, ctx.rank == ctx.world_size - 1
         losses = []
@@ -55,7 +55,7 @@ def rank_pipeline_units(ctx, target_spec: str, case, schedule_names=("afab", "1f
     first, last = ctx.rank == 0, ctx.rank == ctx.world_size - 1
     units = {}
     for name in schedule_names:
-        layers, inputs, targets, loss_fn, count = models.build(case, torch.float32, ctx.device)
+        layers, inputs, targets, loss_fn, count = models.build(case, getattr(torch, case.dtype), ctx.device)
         stage = nn.Sequential(*layers[start:stop])
         with P2PLog() as probe:
             step(stage, name, inputs if first else None, targets if last else None, loss_fn, case.n_microbatches,

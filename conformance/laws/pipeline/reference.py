@@ -58,16 +58,16 @@ def microbatched(case, dtype=torch.float32, device="cpu"):
     return _cpu(models.named_grads(layers)), total.cpu()
 
 
-def eager(case, ref64, device="cpu"):
-    """The oracle's eager reference per parameter: of the straightforward float32
-    computations (the dense model on the whole batch, the plain micro-batch loop), the one
+def eager(case, ref64, device="cpu", dtype=torch.float32):
+    """The oracle's eager reference per parameter: of the straightforward computations in
+    ``dtype`` (the dense model on the whole batch, the plain micro-batch loop), the one
     further from float64.  All add the same terms; which rounds worse varies by case.  They
     run on the CPU and, where the ranks ran on a GPU, there too: the GPU's float32 kernels
     add in their own order, and through a LayerNorm over two features (a width the GPT
     cases draw) that order moves a gradient by several times the CPU's error (seen on an
     H100: 4.7x the CPU eager's largest error on one element, a correct pipeline)."""
     devices = ["cpu"] + (["cuda"] if str(device).startswith("cuda") else [])
-    runs = [run(case, torch.float32, dev) for dev in devices for run in (dense, microbatched)]
+    runs = [run(case, dtype, dev) for dev in devices for run in (dense, microbatched)]
     worse = {}
     for name, ref in ref64.items():
         worse[name] = max((grads[name] for grads, _ in runs), key=lambda g: float((g.double() - ref).abs().max()))

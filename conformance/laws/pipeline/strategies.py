@@ -37,6 +37,7 @@ class PipelineCase:
     seed: int
     steps: int = 1  # accumulation steps: the batch is cut into this many pipeline steps
     seq: int = 4  # gpt only
+    dtype: str = "float32"  # the stages' parameters, inputs and so every activation and gradient sent
 
 
 def schedule_cases(names=SCHEDULE_NAMES, max_stages: int = 8, max_microbatches: int = 12, costs=(1, 1)):
@@ -60,7 +61,7 @@ def world_sizes(device, low: int = 1) -> st.SearchStrategy[int]:
 
 @st.composite
 def pipeline_cases(draw, device, model: str = "mlp", max_microbatches: int = 6, steps=(1, 1), min_world_size: int = 1,
-                   min_microbatches: int = 1):
+                   min_microbatches: int = 1, dtype: str = "float32"):
     """A stack of W..W+3 layers on W ranks; a batch of m..m+5 rows (uneven micro-batches
     most of the time); ``steps`` accumulation steps, each with its own m-way split."""
     w = draw(world_sizes(device, min_world_size))
@@ -78,4 +79,5 @@ def pipeline_cases(draw, device, model: str = "mlp", max_microbatches: int = 6, 
         seed=draw(st.integers(0, 2**20)),
         steps=n_steps,
         seq=draw(st.integers(1, 6)),
+        dtype=dtype,
     )
