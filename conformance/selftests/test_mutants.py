@@ -83,7 +83,8 @@ def _run(runner, law: str, target_spec: str, flavour: str) -> str | None:
 
 
 # Mutants that need more ranks than the rest of their module's: mutant name -> ranks.
-MUTANT_RANKS = {"one_group_for_both_directions": 2}  # a deadlock between two pipeline stages
+MUTANT_RANKS = {"one_group_for_both_directions": 2,  # a deadlock between two pipeline stages
+                "activations_sent_in_float32": 2}  # a buffer between two stages
 
 
 def _skip_unless_enough_ranks(module: str, what: str, name: str | None = None) -> None:
