@@ -317,9 +317,23 @@ def probe_target(spec: str, timeout: float | None = None) -> str | None:
     return None
 
 
+def _nvtx_annotations_as_no_ops() -> None:
+    """On a torch build without NVTX (the CPU wheels), make ``torch.cuda.nvtx``'s range and
+    mark calls do nothing instead of raising: they only annotate a profile, and a target
+    that wraps its hooks in ``nvtx.range`` is still judged on what it computes."""
+    import torch.cuda.nvtx as nvtx
+
+    stub = nvtx._nvtx
+    if type(stub).__name__ != "_NVTXStub":
+        return  # a build with NVTX: leave it alone
+    for name in ("rangePushA", "rangePop", "markA", "rangeStartA", "rangeEnd"):
+        setattr(stub, name, staticmethod(lambda *args, **kwargs: 0))
+
+
 def load_target(spec: str | None = None) -> Target:
     """Load a target from a module path, ``module:attr`` or a file path."""
     spec = spec or DEFAULT_TARGET
+    _nvtx_annotations_as_no_ops()
     attr = None
     candidate = Path(spec)
     if spec.endswith(".py") or candidate.is_file():

@@ -49,6 +49,9 @@ def _forward(q, k, v, is_causal, scale, bugs):
             raise RuntimeError(f"recompile limit ({COMPILE_LIMIT}) exceeded: a new shape after {COMPILE_LIMIT} compiled ones")
     if "causal_flag_cached_by_lengths" in bugs:  # as a mask cached by sequence lengths alone would
         is_causal = _CAUSAL_BY_LENGTHS.setdefault((q.shape[-2], k.shape[-2], q.device), is_causal)
+    if "float32_inputs_only" in bugs and q.dtype in (torch.float16, torch.bfloat16):
+        # as P kept in float32 multiplying a bf16 V tile does
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: float != {q.dtype}")
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     acc_dtype = torch.float16 if "fp16_accumulators" in bugs else work
     if "input_precision_accumulators" in bugs:
@@ -243,7 +246,9 @@ SPECS = (
     BuggyFlashSpec("compiled_per_shape_with_a_limit", "one compiled variant per input shape and an error past eight, as torch.compile with dynamic=False and fullgraph=True",
            ("spec:many_shapes_in_one_process",)),
     BuggyFlashSpec("keys_padded_to_64_unmasked", "keys read in 64-key tiles, zeros past N and no mask: wrong wherever N is not a multiple of 64 (N = 16, 32)",
-           ("spec:forward_backward_at_every_handout_size",)),
+           ("spec:outputs_at_every_handout_size",)),
+    BuggyFlashSpec("float32_inputs_only", "bf16 and fp16 inputs crash: P kept in float32 multiplies a 16-bit V tile",
+           ("spec:sixteen_bit_outputs_at_the_contract_shape", "spec:sixteen_bit_gradients_at_the_contract_shape")),
     BuggyFlashSpec("saves_flattened_lse", "L saved as (B*H, N) instead of q.shape[:-1], breaking the CS336 contract",
            ("spec:saves_one_logsumexp_of_query_shape",)),
 )

@@ -181,6 +181,15 @@ class MissingGradientBecomesZero(BucketedDDP):
             p.grad = view
 
 
+class NoneBucketSizeRefused(BucketedDDP):
+    """bucket_size_mb=None (one bucket of unbounded size, as the course's adapter says)
+    multiplied out as a number: TypeError."""
+
+    def __init__(self, module, bucket_size_mb=None, **kwargs):
+        cap_bytes = bucket_size_mb * MIB  # BUG: None is not a size
+        super().__init__(module, bucket_size_mb=cap_bytes / MIB, **kwargs)
+
+
 class MissingGradientSentStale(BucketedDDP):
     """A rank without a parameter's gradient sends whatever its bucket slot still holds
     (last step's average) instead of zero: right until a step where only some ranks use a
@@ -289,6 +298,7 @@ _MUTANTS = {
     "frozen_parameter_reduced": (FrozenParameterReduced, _Spec("frozen parameters are bucketed and get zero gradients", ("layout", "replicas_match", "spec:frozen_and_unused"), "bucketed")),
     "presence_flags_not_reset": (PresenceFlagsNotReset, _Spec("presence flags keep last round's average", ("spec:frozen_and_unused",), "bucketed")),
     "missing_gradient_sent_stale": (MissingGradientSentStale, _Spec("a rank without a gradient sends its bucket slot's stale contents, not zero", ("spec:frozen_and_unused",), "bucketed")),
+    "none_bucket_size_refused": (NoneBucketSizeRefused, _Spec("bucket_size_mb=None (one unbounded bucket) raises TypeError", ("spec:toy_training",), "bucketed")),
     "bucket_mixes_dtypes": (BucketMixesDtypes, _Spec("float32 and float64 gradients packed into one bucket of the first one's dtype", ("spec:mixed_dtypes",), "bucketed")),
     "missing_gradient_becomes_zero": (MissingGradientBecomesZero, _Spec("a gradient no rank produced becomes zero, not None", ("replicas_match", "spec:frozen_and_unused"), "bucketed")),
     # its bug is a race (the early all-reduce reads the bucket before or after the rest of

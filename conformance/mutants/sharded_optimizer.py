@@ -169,7 +169,7 @@ SPECS = (
         "hyperparameters_not_propagated",
         HyperparametersNotPropagated,
         "param_groups edits never reach the shard",
-        ("hyperparameter_edits_reach_every_shard",),
+        ("hyperparameter_edits_reach_every_shard", "spec:is_an_optimizer_whose_param_groups_list_every_parameter"),
     ),
     BrokenOptimizer(
         "consolidation_keeps_only_own_shard",

@@ -85,8 +85,8 @@ def test_an_error_at_one_handout_size_names_the_size(device):
     from conformance.target import load_target
 
     attn = _RefusesShortSequences(load_target("impl").attention("pytorch"))
-    with pytest.raises(AssertionError, match=r"^N=16, d=16: RuntimeError: shape '\[2, 32, 16\]' is invalid"):
-        spec.forward_backward_at_every_handout_size(attn, device)
+    with pytest.raises(AssertionError, match=r"^N=16, d=16, not causal: RuntimeError: shape '\[2, 32, 16\]' is invalid"):
+        spec.outputs_at_every_handout_size(attn, device)
 
 
 def test_tf32_dots_pass_the_contract_and_fail_the_float32_extra(device):
@@ -98,7 +98,8 @@ def test_tf32_dots_pass_the_contract_and_fail_the_float32_extra(device):
 
     tf32 = next(m for m in SPECS if m.name == "tf32_dots").target().get_flashattention_autograd_function_pytorch()
     spec.cs336_noncausal_forward_backward(tf32, device)
-    spec.forward_backward_at_every_handout_size(tf32, device)
+    spec.outputs_at_every_handout_size(tf32, device)
+    spec.gradients_at_every_handout_size(tf32, device)
     cases = [AttentionCase((2,), 64, 64, 32, torch.float32, causal, None, 1.0, "contiguous", seed)
              for seed in range(4) for causal in (False, True)]  # L below the row max beyond float32's slack in some
     for law in ("contract_forward_matches_float64_reference", "contract_logsumexp_is_row_logsumexp",

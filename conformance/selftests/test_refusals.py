@@ -254,3 +254,16 @@ def test_an_absent_or_stub_entry_point_is_not_offered_before_any_rank_starts(tmp
     assert "has no get_column_parallel_linear()" in target.not_offered_reason("tensor parallel")
     assert target.not_offered_reason("attention pytorch").endswith("has no get_flashattention_autograd_function_pytorch()")
     assert load_target("impl").not_offered_reason("FSDP") is None
+
+
+def test_nvtx_annotations_in_a_target_do_not_stop_it_on_a_cpu_build(tmp_path):
+    """``torch.cuda.nvtx`` ranges only annotate a profile: on a torch build without NVTX a
+    target that wraps its hooks in them is still run (they become no-ops), not refused."""
+    import torch
+
+    from conformance.target import load_target
+
+    path = tmp_path / "nvtx_target.py"
+    path.write_text("import torch\n\ndef annotated(x):\n    with torch.cuda.nvtx.range('hook'):\n"
+                    "        torch.cuda.nvtx.mark('here')\n        return x + 1\n")
+    assert load_target(str(path)).obj.annotated(torch.ones(1)).item() == 2.0

@@ -95,39 +95,66 @@ def test_contract_toy_model_two_ranks_adamw_matches_unsharded(target, device):
 # --- it is an optimizer over every parameter --------------------------------------------
 
 
+def _two_groups(params):
+    return [{"params": params[:2]}, {"params": params[2:], "lr": 0.01}]
+
+
 def rank_optimizer_shape(ctx, target_spec):
+    torch.manual_seed(0)
     model = ToyNet().to(ctx.device)
+    reference = ToyNet().to(ctx.device)
+    reference.load_state_dict(model.state_dict())
     params = list(model.parameters())
-    opt = load_target(target_spec).call(
-        "get_sharded_optimizer", [{"params": params[:2]}, {"params": params[2:], "lr": 0.01}], torch.optim.SGD, lr=0.1, momentum=0.9
-    )
+    opt = load_target(target_spec).call("get_sharded_optimizer", _two_groups(params), torch.optim.SGD, lr=0.1, momentum=0.9)
+    plain = torch.optim.SGD(_two_groups(list(reference.parameters())), lr=0.1, momentum=0.9)
     x, y = _toy_batches(1, ctx.device)[0]
 
-    def closure():
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        return loss
+    def closure_of(net, optimizer):
+        def closure():
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            return loss
 
-    loss = opt.step(closure)
-    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        return closure
+
+    loss = opt.step(closure_of(model, opt))
+    plain.step(closure_of(reference, plain))
+    try:
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    except Exception as exc:  # noqa: BLE001 - say what was asked, not only the KeyError
+        raise AssertionError(f"StepLR(optimizer, step_size=1, gamma=0.5) raised {type(exc).__name__}: {exc} "
+                             "(a scheduler reads and writes each param_groups entry's 'lr': the groups need the "
+                             "optimizer's hyperparameters, e.g. passed as the defaults)") from exc
     scheduler.step()
+    torch.optim.lr_scheduler.StepLR(plain, step_size=1, gamma=0.5).step()
+    lrs = [g["lr"] for g in opt.param_groups]
+    opt.step(closure_of(model, opt))  # the halved lr must reach the step that follows
+    plain.step(closure_of(reference, plain))
     return {
         "is_optimizer": isinstance(opt, torch.optim.Optimizer),
         "group_sizes": [len(g["params"]) for g in opt.param_groups],
         "same_objects": all(a is b for a, b in zip([p for g in opt.param_groups for p in g["params"]], params)),
-        "lrs": [g["lr"] for g in opt.param_groups],
+        "lrs": lrs,
         "loss": None if loss is None else float(loss),
+        "params": [p.detach().cpu() for p in params],
+        "plain": [p.detach().cpu() for p in reference.parameters()],
     }
 
 
 def test_is_an_optimizer_whose_param_groups_list_every_parameter(target, device):
+    """A torch.optim.Optimizer over two param groups (SGD, momentum, lr 0.1 and 0.01): step
+    with a closure returns its loss; StepLR(gamma=0.5) halves both lrs, and the next step
+    uses them (equal to a plain SGD's, bit for bit)."""
     world_size = _two_or_more(device)
     for rank, r in enumerate(on_ranks(rank_optimizer_shape, world_size, target.spec, device=device.type)):
         assert r["is_optimizer"], f"rank {rank}: not a torch.optim.Optimizer (LR schedulers refuse it)"
         assert r["group_sizes"] == [2, 3] and r["same_objects"], f"rank {rank}: param_groups hold {r['group_sizes']}, expected [2, 3] of the given parameters"
         assert r["lrs"] == [0.05, 0.005], f"rank {rank}: after StepLR(gamma=0.5) the lrs are {r['lrs']}"
         assert r["loss"] is not None and r["loss"] > 0, f"rank {rank}: step(closure) returned {r['loss']!r}, not the closure's loss"
+        for i, (got, want) in enumerate(zip(r["params"], r["plain"])):
+            oracle.assert_bitwise_equal(f"rank {rank}, parameter {i} after a step at the lr StepLR set "
+                                        "(a scheduled lr must reach every shard's step)", got, want)
 
 
 # --- more ranks than parameters -----------------------------------------------------------

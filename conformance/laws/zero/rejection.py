@@ -17,10 +17,22 @@ DEFAULT_EXAMPLES = 10
 SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
 
 
+def _spec_case(name: str, target_spec: str, device: torch.device) -> None:
+    """``spec:<name>``: the fixed case ``test_<name>`` of conformance/spec/test_sharded_optimizer.py."""
+    from types import SimpleNamespace
+
+    from conformance.spec import test_sharded_optimizer as cases
+
+    getattr(cases, f"test_{name}")(SimpleNamespace(spec=target_spec), device)
+
+
 def rejection(law_name: str, target_spec: str, max_examples: int, flavour: str = "") -> str | None:
     device = torch.device(resolve_device())
     try:
-        check_law(LAWS_BY_NAME[law_name], target_spec, device, max_examples=max_examples, **SETTINGS)
+        if law_name.startswith("spec:"):
+            _spec_case(law_name.removeprefix("spec:"), target_spec, device)
+        else:
+            check_law(LAWS_BY_NAME[law_name], target_spec, device, max_examples=max_examples, **SETTINGS)
     except AssertionError as exc:  # RankFailure and RankTimeout are AssertionErrors too
         return str(exc).splitlines()[0]
     return None
