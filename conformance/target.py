@@ -296,6 +296,10 @@ def probe_target(spec: str, timeout: float | None = None) -> str | None:
         "    msg = ' '.join(f'{type(exc).__name__}: {exc}'.split())\n"
         "    if isinstance(exc, SyntaxError):\n"
         "        msg = f'SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})'\n"
+        "        if sys.version_info < (3, 12):\n"
+        "            msg += (f' (this environment runs Python {sys.version_info[0]}.{sys.version_info[1]}; the course '\n"
+        "                    'asks for Python >= 3.12, whose syntax, such as type statements, an older Python cannot '\n"
+        "                    'parse: run the suite under the Python the target was written for)')\n"
         "    print('TARGET-ERROR ' + msg[:400], flush=True)\n"
         "    sys.exit(3)\n"
     )

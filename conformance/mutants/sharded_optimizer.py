@@ -84,6 +84,17 @@ class StateForEveryParameter(ShardedOptimizer):
         return {**{k: v for k, v in group.items() if k != "params"}, "params": list(group["params"])}
 
 
+class GroupOptionsDropped(ShardedOptimizer):
+    """Each shard's local groups keep their parameters but not their own hyperparameters:
+    every group runs at the optimizer's defaults."""
+
+    def _local_group(self, group, offset=None):
+        return {"params": super()._local_group(group, offset)["params"]}
+
+    def _push_hyperparameters(self):
+        pass  # (impl copies every group's options to the shard before each step; this one never does)
+
+
 class EverythingOnRankZero(ShardedOptimizer):
     """The assignment puts every parameter on rank 0: rank 0 holds all the state."""
 
@@ -163,6 +174,9 @@ SPECS = (
         ("matches_unsharded_bit_for_bit", "matches_float64_within_oracle_across_implementations"),
     ),
     BrokenOptimizer("state_for_every_parameter", StateForEveryParameter, "state kept for all parameters", ("state_bytes_at_most_a_share_plus_largest",)),
+    BrokenOptimizer("group_options_dropped", GroupOptionsDropped, "per-group lr and weight decay dropped on the shards",
+                    ("spec:contract_parameter_groups_with_their_own_hyperparameters_match_unsharded",
+                     "contract_matches_unsharded_bit_for_bit")),
     BrokenOptimizer("everything_on_rank_zero", EverythingOnRankZero, "rank 0 owns everything", ("state_bytes_at_most_a_share_plus_largest",)),
     BrokenOptimizer("new_group_never_assigned", NewGroupNeverAssigned, "an added group is never assigned", ("add_param_group_mid_training_matches_unsharded",)),
     BrokenOptimizer(

@@ -267,3 +267,15 @@ def test_nvtx_annotations_in_a_target_do_not_stop_it_on_a_cpu_build(tmp_path):
     path.write_text("import torch\n\ndef annotated(x):\n    with torch.cuda.nvtx.range('hook'):\n"
                     "        torch.cuda.nvtx.mark('here')\n        return x + 1\n")
     assert load_target(str(path)).obj.annotated(torch.ones(1)).item() == 2.0
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="this Python parses 3.12 syntax: nothing to explain")
+def test_a_target_in_newer_python_syntax_names_the_python_version(tmp_path):
+    """Course code may use Python 3.12 syntax (``type X = ...``); on an older Python the
+    load error says that the Python version, not the code, is the cause."""
+    from conformance.target import probe_target
+
+    path = tmp_path / "adapters.py"
+    path.write_text("type Shape = tuple[int, ...]\n")
+    message = probe_target(str(path))
+    assert "SyntaxError" in message and "Python >= 3.12" in message, message

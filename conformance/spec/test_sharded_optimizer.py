@@ -71,15 +71,22 @@ def _train(model, optimizer, batches):
         optimizer.step()
 
 
-def rank_toy_model(ctx, target_spec, n_steps):
+def _per_group(params):
+    """The handout's parameter groups: the first layer with its own lr and no weight decay."""
+    params = list(params)
+    return [{"params": params[:1], "lr": 0.02, "weight_decay": 0.0}, {"params": params[1:]}]
+
+
+def rank_toy_model(ctx, target_spec, n_steps, groups=False):
     torch.manual_seed(0)
     model = ToyNet().to(ctx.device)
     reference = ToyNet().to(ctx.device)
     reference.load_state_dict(model.state_dict())
     batches = _toy_batches(n_steps, ctx.device)
-    sharded = load_target(target_spec).call("get_sharded_optimizer", model.parameters(), torch.optim.AdamW, lr=0.1, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-8)
+    as_given = _per_group if groups else (lambda ps: ps)
+    sharded = load_target(target_spec).call("get_sharded_optimizer", as_given(model.parameters()), torch.optim.AdamW, lr=0.1, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-8)
     _train(model, sharded, batches)
-    _train(reference, torch.optim.AdamW(reference.parameters(), lr=0.1, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-8), batches)
+    _train(reference, torch.optim.AdamW(as_given(reference.parameters()), lr=0.1, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-8), batches)
     return [p.detach() for p in model.parameters()], [p.detach() for p in reference.parameters()]
 
 
@@ -90,6 +97,17 @@ def test_contract_toy_model_two_ranks_adamw_matches_unsharded(target, device):
     for rank, (got, want) in enumerate(on_ranks(rank_toy_model, 2, target.spec, 5, device=device.type)):
         for i, (a, e) in enumerate(zip(got, want)):
             oracle.assert_bitwise_equal(f"rank {rank}, parameter {i} after 5 AdamW steps", a, e)
+
+
+def test_contract_parameter_groups_with_their_own_hyperparameters_match_unsharded(target, device):
+    """The handout's params may be parameter groups with their own lr and weight decay:
+    AdamW, 5 steps, three ranks where they run (two on two GPUs), every rank = unsharded.
+    (The properties' contract law draws these and world sizes 1 to 4 too.)"""
+    world_size = min(3, _two_or_more(device))
+    for rank, (got, want) in enumerate(on_ranks(rank_toy_model, world_size, target.spec, 5, True, device=device.type)):
+        for i, (a, e) in enumerate(zip(got, want)):
+            oracle.assert_bitwise_equal(f"W={world_size} rank {rank}, parameter {i} after 5 AdamW steps with two "
+                                        "parameter groups (lr 0.02, no weight decay for the first)", a, e)
 
 
 # --- it is an optimizer over every parameter --------------------------------------------
