@@ -148,6 +148,22 @@ class GathersInFp32(FSDP):
         flat.gathered = True
 
 
+class GatheredCopiesSavedForBackward(FSDP):
+    """Each gather hands the layers views of a copy of the gathered buffer: the buffer is
+    freed after forward as it should be, but autograd keeps the copies it saved until
+    backward, so every layer's full parameters are held between forward and backward."""
+
+    def _gather(self, unit, set_views):
+        for flat in unit.flats:
+            self._finish_gather(flat)
+            if set_views:
+                full = flat.full.clone()  # BUG: the layers compute with (and autograd saves) a copy
+                for slot in flat.slots:
+                    view = full[slot.offset : slot.offset + slot.numel].view(slot.shape)
+                    for mod, attr in slot.owners:
+                        setattr(mod, attr, view)
+
+
 class NeverReshardAfterForward(FSDP):
     """FULL_SHARD keeps every unit gathered from forward to backward (SHARD_GRAD_OP's memory)."""
 
@@ -266,6 +282,8 @@ SPECS = (
     ("shard_offset_off_by_one", ShardOffsetOffByOne, "shard offsets off by one on ranks above 0", ("fsdp_shards_partition_the_parameters", "fsdp_trajectory_matches_one_process")),
     ("tied_weight_reduced_twice", TiedWeightReducedTwice, "a tied weight's gradient reduced twice", ("fsdp_wider_models_match_one_process",)),
     ("gathers_in_fp32", GathersInFp32, "forward gathers fp32 shards and casts after", ("fsdp_dtypes_fp32_master_compute_dtype_communication",)),
+    ("gathered_copies_saved_for_backward", GatheredCopiesSavedForBackward, "layers compute with copies of the gathered buffers, which autograd holds until backward",
+     ("fsdp_full_shard_frees_after_forward",)),
     ("never_reshard_after_forward", NeverReshardAfterForward, "FULL_SHARD keeps units gathered between forward and backward", ("fsdp_full_shard_frees_after_forward",)),
     ("no_sync_drops_accumulated", NoSyncDropsAccumulated, "the synced backward forgets what no_sync accumulated", ("fsdp_no_sync_accumulation_matches",)),
     ("shard_grad_op_reduces_in_compute_dtype", ShardGradOpReducesInComputeDtype, "SHARD_GRAD_OP reduces in bf16/fp16, FULL_SHARD in fp32", ("fsdp_strategies_give_the_same_bits",)),

@@ -25,7 +25,7 @@ import torch
 from conformance import oracle
 from conformance.harness import available_world_sizes
 from conformance.target import load_target
-from conformance.laws.zero.laws import consolidated_state_dict, on_ranks
+from conformance.laws.zero.laws import consolidated_state_dict, offers_consolidation, on_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -242,6 +242,9 @@ def rank_train_and_consolidate(ctx, target_spec, n_steps):
     torch.manual_seed(0)
     model = ToyNet().to(ctx.device)
     params = list(model.parameters())
+    # the protocol first, on the plain list of parameters: a class without it is "not offered",
+    # whatever it makes of the parameter groups below
+    offers_consolidation(load_target(target_spec).call("get_sharded_optimizer", list(params), torch.optim.AdamW, lr=0.05))
     groups = [{"params": params[:2], "weight_decay": 0.0}, {"params": params[2:]}]
     opt = load_target(target_spec).call("get_sharded_optimizer", groups, torch.optim.AdamW, lr=0.05, weight_decay=0.1)
     _train(model, opt, _toy_batches(n_steps, ctx.device))

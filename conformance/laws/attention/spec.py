@@ -116,9 +116,12 @@ def _named_at(where: str, exc: Exception) -> None:
     verdict (not offered, needs a GPU, not run here), which passes through unchanged."""
     if classify(exc) is not None:
         raise exc
-    first = (str(exc).strip().splitlines() or [""])[0]
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [""]
+    # the first line, and the last where there are more: einops and torch.compile put the
+    # cause ("can't divide axis of length 16 in chunks of 32") at the end
+    said = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
     kind = "" if isinstance(exc, AssertionError) else f"{type(exc).__name__}: "
-    raise AssertionError(f"{where}: {kind}{first}") from exc
+    raise AssertionError(f"{where}: {kind}{said}") from exc
 
 
 def _at_handout_sizes(attn, device, part, causal_values):

@@ -5,11 +5,18 @@ submodules, parameters, buffers, plain attributes, lists, dicts and plain object
 holds) and from the optimizer's state, counted once per storage by its bytes.  Storages
 held only by autograd's saved tensors are not reachable this way, which is right for a
 rank at rest (after backward, after a step).  DTensors count their local tensor.
+
+Between forward and backward autograd's saved tensors hold memory too: ``SavedTensors``
+records (weakly) every tensor saved for backward while it is active, so that what they
+alone keep alive can be counted: activations, and any gathered full parameter a layer
+saved (``F.linear(x, gathered)`` keeps ``gathered`` until backward, whatever the module's
+attribute points at after forward).
 """
 
 from __future__ import annotations
 
 import types
+import weakref
 
 import torch
 
@@ -29,6 +36,11 @@ def storage_bytes(t: torch.Tensor) -> int:
 
 
 def reachable_bytes(*roots, max_depth: int = 12) -> int:
+    return sum(reachable_storages(*roots, max_depth=max_depth).values())
+
+
+def reachable_storages(*roots, max_depth: int = 12) -> dict[tuple, int]:
+    """(storage address, device) -> bytes, of every storage reachable from ``roots``."""
     seen_obj: set[int] = set()
     storages: dict[tuple, int] = {}
     stack = [(r, 0) for r in roots]
@@ -58,4 +70,42 @@ def reachable_bytes(*roots, max_depth: int = 12) -> int:
             stack.append((obj.param_groups, depth + 1))
         elif hasattr(obj, "__dict__"):
             stack.extend((v, depth + 1) for v in vars(obj).values())
-    return sum(storages.values())
+    return storages
+
+
+class SavedTensors:
+    """While active, every tensor autograd saves for backward, by weak reference."""
+
+    def __enter__(self):
+        self.refs: list = []
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._hooks.__exit__(*exc)
+
+    def _pack(self, t):
+        try:
+            self.refs.append(weakref.ref(t))
+        except TypeError:
+            pass
+        return t
+
+    def bytes_held(self, exclude: dict | None = None) -> int:
+        """Bytes of the live, non-empty storages of the saved tensors still alive, each
+        once, leaving out the storages in ``exclude`` (those reachable otherwise)."""
+        exclude = exclude or {}
+        storages: dict[tuple, int] = {}
+        for ref in self.refs:
+            t = ref()
+            if t is None:
+                continue
+            try:
+                st = _local(t).untyped_storage()
+            except Exception:  # noqa: BLE001 - no storage: nothing held
+                continue
+            key = (st.data_ptr(), str(t.device))
+            if st.nbytes() and key not in exclude:
+                storages[key] = st.nbytes()
+        return sum(storages.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 import torch.distributed as dist
@@ -53,6 +54,18 @@ def _mark_layers(fsdp_model, matrices: list[str]) -> list:
     return handles
 
 
+def _unwrapped_autograd_bytes(plain, case: FSDPCase, ids, labels) -> int:
+    """What autograd alone holds after the unwrapped model's forward on the same rows, in
+    the compute dtype: the activations a correct FSDP also saves (its parameters, held by
+    the model, are left out)."""
+    model = plain if case.compute_dtype in (None, torch.float32) else copy.deepcopy(plain).to(case.compute_dtype)
+    with memory.SavedTensors() as saved:
+        loss = models.loss_of(model(ids), labels)
+    held = saved.bytes_held(memory.reachable_storages(model))
+    del loss
+    return held
+
+
 def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -> dict:
     """Train ``case.steps`` steps on this rank's slice of every batch; report what a law needs."""
     torch.use_deterministic_algorithms(True)
@@ -67,6 +80,7 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
         out["reference"] = (reference.trajectory(case, torch.float32, blocks=blocks, device=device),
                             reference.trajectory(case, torch.float64, casts=False, blocks=blocks))
     base = models.build(case, device, blocks=blocks)
+    plain = copy.deepcopy(base)  # unwrapped: what autograd alone holds after its forward is activations
     matrices = models.matrix_names(base, blocks)
     numels = {n: p.numel() for n, p in base.named_parameters(remove_duplicate=False)}
     tied_names = {n for n, p in base.named_parameters(remove_duplicate=False) if p is base.embedding.weight} if case.tied else set()
@@ -90,7 +104,9 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
                 marks = []
                 if observe and step == case.steps - 1 and micro == 0:  # the last step's forward: any order learnt
                     marks, observed_from = _mark_layers(fsdp_model, matrices), len(spy.SPY.timeline)
-                loss = models.loss_of(fsdp_model(ids[sl]), labels[sl]) / case.micro
+                saved = memory.SavedTensors() if observe and last else contextlib.nullcontext()
+                with saved:
+                    loss = models.loss_of(fsdp_model(ids[sl]), labels[sl]) / case.micro
                 for handle in marks:
                     handle.remove()
                 if observe and last:
@@ -98,6 +114,8 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
                         n for n in matrices if n not in tied_names and _attr_holds_full(fsdp_model.module, n, numels[n])
                     )
                     rec["bytes_after_forward"] = memory.reachable_bytes(fsdp_model, optimizer)
+                    rec["autograd_bytes_after_forward"] = saved.bytes_held(memory.reachable_storages(fsdp_model, optimizer))
+                    rec["unwrapped_autograd_bytes"] = _unwrapped_autograd_bytes(plain, case, ids[sl], labels[sl])
                 spy.SPY.phase = "backward"
                 loss.backward()
                 if observe and last:  # every unit's backward has run: only the root may still be gathered

@@ -271,6 +271,15 @@ def optimizer_state_tensors_of(state: dict) -> list[torch.Tensor]:
     return [v for v in state.values() if isinstance(v, torch.Tensor)]
 
 
+def offers_consolidation(optimizer_or_class) -> None:
+    """NotOffered unless the optimizer (or its class) has one of the two protocols: asked
+    before it is built or trained, so a missing feature is never reported as a failure of
+    something else that ran first."""
+    if not (hasattr(optimizer_or_class, "consolidated_state_dict") or hasattr(optimizer_or_class, "consolidate_state_dict")):
+        raise NotOffered("consolidated state dict: the optimizer has neither consolidated_state_dict(to) nor "
+                         "consolidate_state_dict(to)")
+
+
 def consolidated_state_dict(optimizer, rank: int, to: int = 0):
     """The full plain-optimizer state dict on rank ``to`` (None elsewhere), by either protocol."""
     if hasattr(optimizer, "consolidated_state_dict"):
@@ -616,8 +625,16 @@ def _schedule(case):
 def rank_probe(ctx, target_spec: str, needs: tuple[str, ...]):
     """Raise NotOffered (on one rank, before any Hypothesis example) if the target lacks
     the factory or a protocol the law needs."""
+    from conformance.verdicts import classify
+
     params = [torch.nn.Parameter(torch.ones(2, device=ctx.device))]
-    optimizer = load_target(target_spec).call("get_sharded_optimizer", params, torch.optim.SGD, lr=0.1, momentum=0.9)
+    try:
+        optimizer = load_target(target_spec).call("get_sharded_optimizer", params, torch.optim.SGD, lr=0.1, momentum=0.9)
+    except Exception as exc:  # noqa: BLE001 - say what was asked of the target, not the probe's name
+        if classify(exc) is not None:
+            raise
+        raise AssertionError(f"get_sharded_optimizer([one parameter of 2 elements], torch.optim.SGD, lr=0.1, momentum=0.9) "
+                             f"at world size 1, asked before the law's examples, raised {type(exc).__name__}: {exc}") from exc
     if "per_rank_state_dict" in needs:
         per_rank_state_dict(optimizer)
     if "consolidated_state_dict" in needs:
