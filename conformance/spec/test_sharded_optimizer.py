@@ -25,7 +25,9 @@ import torch
 from conformance import oracle
 from conformance.harness import available_world_sizes
 from conformance.target import load_target
+from conformance.laws.zero import spec as cases
 from conformance.laws.zero.laws import consolidated_state_dict, offers_consolidation, on_ranks
+from conformance.laws.zero.spec import ToyNet, toy_batches, train_steps, rank_toy_model
 
 pytestmark = pytest.mark.distributed
 
@@ -46,50 +48,6 @@ def _two_or_more(device):
 # --- the toy model ---------------------------------------------------------------------
 
 
-class ToyNet(torch.nn.Module):
-    """Two linear layers around a LayerNorm, one without bias: parameters of mixed sizes."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp = torch.nn.Linear(10, 16, bias=False)
-        self.norm = torch.nn.LayerNorm(16)
-        self.out = torch.nn.Linear(16, 5)
-
-    def forward(self, x):
-        return self.out(torch.relu(self.norm(self.inp(x))))
-
-
-def _toy_batches(n_steps, device):
-    g = torch.Generator().manual_seed(1234)
-    return [(torch.randn(8, 10, generator=g).to(device), torch.randint(0, 5, (8,), generator=g).to(device)) for _ in range(n_steps)]
-
-
-def _train(model, optimizer, batches):
-    for x, y in batches:
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
-
-
-def _per_group(params):
-    """The handout's parameter groups: the first layer with its own lr and no weight decay."""
-    params = list(params)
-    return [{"params": params[:1], "lr": 0.02, "weight_decay": 0.0}, {"params": params[1:]}]
-
-
-def rank_toy_model(ctx, target_spec, n_steps, groups=False):
-    torch.manual_seed(0)
-    model = ToyNet().to(ctx.device)
-    reference = ToyNet().to(ctx.device)
-    reference.load_state_dict(model.state_dict())
-    batches = _toy_batches(n_steps, ctx.device)
-    as_given = _per_group if groups else (lambda ps: ps)
-    sharded = load_target(target_spec).call("get_sharded_optimizer", as_given(model.parameters()), torch.optim.AdamW, lr=0.1, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-8)
-    _train(model, sharded, batches)
-    _train(reference, torch.optim.AdamW(as_given(reference.parameters()), lr=0.1, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-8), batches)
-    return [p.detach() for p in model.parameters()], [p.detach() for p in reference.parameters()]
-
-
 def test_contract_toy_model_two_ranks_adamw_matches_unsharded(target, device):
     """CS336's case in our words: world size 2, AdamW, 5 steps, every rank = unsharded."""
     if max(available_world_sizes(device.type)) < 2:
@@ -103,76 +61,17 @@ def test_contract_parameter_groups_with_their_own_hyperparameters_match_unsharde
     """The handout's params may be parameter groups with their own lr and weight decay:
     AdamW, 5 steps, three ranks where they run (two on two GPUs), every rank = unsharded.
     (The properties' contract law draws these and world sizes 1 to 4 too.)"""
-    world_size = min(3, _two_or_more(device))
-    for rank, (got, want) in enumerate(on_ranks(rank_toy_model, world_size, target.spec, 5, True, device=device.type)):
-        for i, (a, e) in enumerate(zip(got, want)):
-            oracle.assert_bitwise_equal(f"W={world_size} rank {rank}, parameter {i} after 5 AdamW steps with two "
-                                        "parameter groups (lr 0.02, no weight decay for the first)", a, e)
+    cases.check_parameter_groups_with_their_own_hyperparameters_match_unsharded(target.spec, min(3, _two_or_more(device)), device.type)
 
 
 # --- it is an optimizer over every parameter --------------------------------------------
-
-
-def _two_groups(params):
-    return [{"params": params[:2]}, {"params": params[2:], "lr": 0.01}]
-
-
-def rank_optimizer_shape(ctx, target_spec):
-    torch.manual_seed(0)
-    model = ToyNet().to(ctx.device)
-    reference = ToyNet().to(ctx.device)
-    reference.load_state_dict(model.state_dict())
-    params = list(model.parameters())
-    opt = load_target(target_spec).call("get_sharded_optimizer", _two_groups(params), torch.optim.SGD, lr=0.1, momentum=0.9)
-    plain = torch.optim.SGD(_two_groups(list(reference.parameters())), lr=0.1, momentum=0.9)
-    x, y = _toy_batches(1, ctx.device)[0]
-
-    def closure_of(net, optimizer):
-        def closure():
-            optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(net(x), y)
-            loss.backward()
-            return loss
-
-        return closure
-
-    loss = opt.step(closure_of(model, opt))
-    plain.step(closure_of(reference, plain))
-    try:
-        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    except Exception as exc:  # noqa: BLE001 - say what was asked, not only the KeyError
-        raise AssertionError(f"StepLR(optimizer, step_size=1, gamma=0.5) raised {type(exc).__name__}: {exc} "
-                             "(a scheduler reads and writes each param_groups entry's 'lr': the groups need the "
-                             "optimizer's hyperparameters, e.g. passed as the defaults)") from exc
-    scheduler.step()
-    torch.optim.lr_scheduler.StepLR(plain, step_size=1, gamma=0.5).step()
-    lrs = [g["lr"] for g in opt.param_groups]
-    opt.step(closure_of(model, opt))  # the halved lr must reach the step that follows
-    plain.step(closure_of(reference, plain))
-    return {
-        "is_optimizer": isinstance(opt, torch.optim.Optimizer),
-        "group_sizes": [len(g["params"]) for g in opt.param_groups],
-        "same_objects": all(a is b for a, b in zip([p for g in opt.param_groups for p in g["params"]], params)),
-        "lrs": lrs,
-        "loss": None if loss is None else float(loss),
-        "params": [p.detach().cpu() for p in params],
-        "plain": [p.detach().cpu() for p in reference.parameters()],
-    }
 
 
 def test_is_an_optimizer_whose_param_groups_list_every_parameter(target, device):
     """A torch.optim.Optimizer over two param groups (SGD, momentum, lr 0.1 and 0.01): step
     with a closure returns its loss; StepLR(gamma=0.5) halves both lrs, and the next step
     uses them (equal to a plain SGD's, bit for bit)."""
-    world_size = _two_or_more(device)
-    for rank, r in enumerate(on_ranks(rank_optimizer_shape, world_size, target.spec, device=device.type)):
-        assert r["is_optimizer"], f"rank {rank}: not a torch.optim.Optimizer (LR schedulers refuse it)"
-        assert r["group_sizes"] == [2, 3] and r["same_objects"], f"rank {rank}: param_groups hold {r['group_sizes']}, expected [2, 3] of the given parameters"
-        assert r["lrs"] == [0.05, 0.005], f"rank {rank}: after StepLR(gamma=0.5) the lrs are {r['lrs']}"
-        assert r["loss"] is not None and r["loss"] > 0, f"rank {rank}: step(closure) returned {r['loss']!r}, not the closure's loss"
-        for i, (got, want) in enumerate(zip(r["params"], r["plain"])):
-            oracle.assert_bitwise_equal(f"rank {rank}, parameter {i} after a step at the lr StepLR set "
-                                        "(a scheduled lr must reach every shard's step)", got, want)
+    cases.check_is_an_optimizer_whose_param_groups_list_every_parameter(target.spec, _two_or_more(device), device.type)
 
 
 # --- more ranks than parameters -----------------------------------------------------------
@@ -247,7 +146,7 @@ def rank_train_and_consolidate(ctx, target_spec, n_steps):
     offers_consolidation(load_target(target_spec).call("get_sharded_optimizer", list(params), torch.optim.AdamW, lr=0.05))
     groups = [{"params": params[:2], "weight_decay": 0.0}, {"params": params[2:]}]
     opt = load_target(target_spec).call("get_sharded_optimizer", groups, torch.optim.AdamW, lr=0.05, weight_decay=0.1)
-    _train(model, opt, _toy_batches(n_steps, ctx.device))
+    train_steps(model, opt, toy_batches(n_steps, ctx.device))
     return consolidated_state_dict(opt, ctx.rank, to=0), model.state_dict()
 
 
@@ -259,12 +158,12 @@ def rank_resume(ctx, target_spec, full, model_state, n_before, n_after):
     groups = [{"params": params[:2], "weight_decay": 0.0}, {"params": params[2:]}]
     opt = load_target(target_spec).call("get_sharded_optimizer", groups, torch.optim.AdamW, lr=0.05, weight_decay=0.1)
     opt.load_state_dict(full)
-    _train(model, opt, _toy_batches(n_before + n_after, ctx.device)[n_before:])
+    train_steps(model, opt, toy_batches(n_before + n_after, ctx.device)[n_before:])
     torch.manual_seed(0)
     reference = ToyNet().to(ctx.device)
     ref_params = list(reference.parameters())
     plain = torch.optim.AdamW([{"params": ref_params[:2], "weight_decay": 0.0}, {"params": ref_params[2:]}], lr=0.05, weight_decay=0.1)
-    _train(reference, plain, _toy_batches(n_before + n_after, ctx.device))
+    train_steps(reference, plain, toy_batches(n_before + n_after, ctx.device))
     return [p.detach() for p in params], [p.detach() for p in ref_params]
 
 

@@ -51,8 +51,15 @@ def attention_magnitudes(q, k, v, grad_o, is_causal: bool, scale: float, dtype=N
         mag_s = mag_s.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), 0.0)
     lse = torch.logsumexp(s, dim=-1)
     exp_arg_ulps = oracle.eps(torch.float32) / oracle.eps(dtype or torch.float32)
-    p_recomputed = p * (1 + exp_arg_ulps * (mag_s + lse.abs()[..., None]))
-    mag_ds = p_recomputed * (do.abs() @ v.abs().transpose(-1, -2) + (do * o).abs().sum(-1, keepdim=True))
+    # GPUs flush float32 results below the smallest normal to zero (ex2.approx.ftz, FTZ
+    # multiplies): every unmasked P and dS element may be off by up to that much, absolutely.
+    # In units of the tested dtype's eps, as the judge scales magnitudes; seen on an H100: a
+    # dK of 4.4e-37 (an extreme softmax scale) read as 0 against a bound of 4.7e-38.
+    ftz = oracle.tiny(torch.float32) / oracle.eps(dtype or torch.float32)
+    seen = torch.ones_like(s) if not is_causal else (~causal_mask(q.shape[-2], k.shape[-2], q.device)).to(s.dtype)
+    p_ftz = p + ftz * seen
+    p_recomputed = p_ftz * (1 + exp_arg_ulps * (mag_s + lse.abs()[..., None]))
+    mag_ds = p_recomputed * (do.abs() @ v.abs().transpose(-1, -2) + (do * o).abs().sum(-1, keepdim=True)) + ftz * seen
     # A score is a float32 dot product of d terms: summed blockwise it errs by up to about
     # (log2 d + 1) u32 mag_s (pairwise summation's bound), which moves O_i by
     # sum_j P_ij (V_j - O_i) dS_ij.  Where q and k are large (scores in the hundreds) this is
@@ -63,11 +70,11 @@ def attention_magnitudes(q, k, v, grad_o, is_causal: bool, scale: float, dtype=N
     score_ulps = exp_arg_ulps * (math.ceil(math.log2(q.shape[-1])) + 1)
     spread = ((p @ (v * v)) - o * o).clamp_min(0).sqrt()
     mag_o_scores = score_ulps * torch.nan_to_num(mag_s.amax(dim=-1, keepdim=True)) * spread
-    mag_o = p @ v.abs() + mag_o_scores
+    mag_o = p_ftz @ v.abs() + mag_o_scores
     if dtype in (torch.float16, torch.bfloat16):
         # accumulated in float32 and rounded once (half an ulp of O): the floor is FLOOR_ULPS
         # float32 ulps of the terms summed plus one ulp of O in the tested dtype
-        mag_o = exp_arg_ulps * (p @ v.abs()) + mag_o_scores + o.abs() / oracle.FLOOR_ULPS
+        mag_o = exp_arg_ulps * (p @ v.abs()) + ftz * (seen @ v.abs()) + mag_o_scores + o.abs() / oracle.FLOOR_ULPS
     return {
         "O": mag_o,
         "L": lse.abs() + mag_s.amax(dim=-1),

@@ -18,12 +18,12 @@ SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None, derandom
 
 
 def _spec_case(name: str, target_spec: str, device: torch.device) -> None:
-    """``spec:<name>``: the fixed case ``test_<name>`` of conformance/spec/test_sharded_optimizer.py."""
-    from types import SimpleNamespace
+    """``spec:<name>``: one of the fixed cases in ``conformance.laws.zero.spec``."""
+    from conformance.harness import available_world_sizes
+    from conformance.laws.zero.spec import SPEC_CHECKS
 
-    from conformance.spec import test_sharded_optimizer as cases
-
-    getattr(cases, f"test_{name}")(SimpleNamespace(spec=target_spec), device)
+    check, wanted = SPEC_CHECKS[name]
+    check(target_spec, min(wanted, max(available_world_sizes(device.type))), device.type)
 
 
 def rejection(law_name: str, target_spec: str, max_examples: int, flavour: str = "") -> str | None:
