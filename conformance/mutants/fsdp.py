@@ -283,7 +283,7 @@ SPECS = (
     ("tied_weight_reduced_twice", TiedWeightReducedTwice, "a tied weight's gradient reduced twice", ("fsdp_wider_models_match_one_process",)),
     ("gathers_in_fp32", GathersInFp32, "forward gathers fp32 shards and casts after", ("fsdp_dtypes_fp32_master_compute_dtype_communication",)),
     ("gathered_copies_saved_for_backward", GatheredCopiesSavedForBackward, "layers compute with copies of the gathered buffers, which autograd holds until backward",
-     ("fsdp_full_shard_frees_after_forward",)),
+     ("fsdp_full_shard_frees_after_forward", "fsdp_autograd_holds_no_gathered_weights_after_forward")),
     ("never_reshard_after_forward", NeverReshardAfterForward, "FULL_SHARD keeps units gathered between forward and backward", ("fsdp_full_shard_frees_after_forward",)),
     ("no_sync_drops_accumulated", NoSyncDropsAccumulated, "the synced backward forgets what no_sync accumulated", ("fsdp_no_sync_accumulation_matches",)),
     ("shard_grad_op_reduces_in_compute_dtype", ShardGradOpReducesInComputeDtype, "SHARD_GRAD_OP reduces in bf16/fp16, FULL_SHARD in fp32", ("fsdp_strategies_give_the_same_bits",)),

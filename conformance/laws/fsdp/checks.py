@@ -191,14 +191,28 @@ def check_memory(case: FSDPCase, results: list[dict], after_forward: bool = Fals
                     raise AssertionError(f"step {s} rank {r}: after forward full parameters are still held: {rec['full_attrs_after_forward']}")
                 if rec["bytes_after_forward"] > fwd:
                     raise AssertionError(f"step {s} rank {r}: {rec['bytes_after_forward']} bytes reachable after forward, bound {fwd:.0f}")
-                extra = rec["autograd_bytes_after_forward"] - rec["unwrapped_autograd_bytes"]
-                if S > 1 and extra > 8 * largest + slack:
-                    raise AssertionError(
-                        f"step {s} rank {r}: after forward autograd alone holds {rec['autograd_bytes_after_forward']} bytes "
-                        f"for backward, {extra} more than the unwrapped model's activations ({rec['unwrapped_autograd_bytes']}; "
-                        f"bound: two of the largest parameter, {8 * largest + slack:.0f}): gathered full parameters saved "
-                        "for backward (F.linear(x, gathered) keeps `gathered` alive until backward however the module's "
-                        "attribute is reset); free the gathered storage itself after forward and gather again in backward")
+    if after_forward:
+        check_autograd_after_forward(case, results)
+
+
+def check_autograd_after_forward(case: FSDPCase, results: list[dict]) -> None:
+    """After forward, what autograd alone keeps for backward is the unwrapped model's
+    activations, give or take two of the largest parameter: no gathered full parameter."""
+    if shard_size(case) <= 1:
+        return  # one shard: the shard is the parameter
+    _, trainable, frozen, replicated = _unique_matrices(case)
+    largest = max([p.numel() for p in trainable + frozen] or [0])
+    slack = SLACK_BYTES + (len(trainable) + len(frozen) + len(replicated)) * 16
+    for r, res in enumerate(results):
+        for s, rec in enumerate(res["steps"]):
+            extra = rec["autograd_bytes_after_forward"] - rec["unwrapped_autograd_bytes"]
+            if extra > 8 * largest + slack:
+                raise AssertionError(
+                    f"step {s} rank {r}: after forward autograd alone holds {rec['autograd_bytes_after_forward']} bytes "
+                    f"for backward, {extra} more than the unwrapped model's activations ({rec['unwrapped_autograd_bytes']}; "
+                    f"bound: two of the largest parameter, {8 * largest + slack:.0f}): gathered full parameters saved "
+                    "for backward (F.linear(x, gathered) keeps `gathered` alive until backward however the module's "
+                    "attribute is reset); free the gathered storage itself after forward and gather again in backward")
 
 
 REDUCTIONS = ("reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter", "all_reduce")

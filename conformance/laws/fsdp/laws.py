@@ -101,6 +101,12 @@ def gathers_at_most_two_layers_ahead(target_spec: str, case: FSDPCase) -> None:
     checks.check_gather_window(case, train(target_spec, case))
 
 
+def autograd_holds_no_gathered_weights(target_spec: str, case: FSDPCase) -> None:
+    """The course's wrapper: after forward, autograd keeps no gathered full parameter for
+    backward (only what the unwrapped model's forward keeps, its activations)."""
+    checks.check_autograd_after_forward(case, train(target_spec, case))
+
+
 def frees_after_forward(target_spec: str, case: FSDPCase) -> None:
     """FULL_SHARD: after forward no unit but the root holds full parameters."""
     checks.check_memory(case, train(target_spec, case), after_forward=True)
@@ -149,6 +155,12 @@ def memory_cases():
     """Models of a few comparable matrices, so that a full copy of them shows above the
     bound's one-largest-parameter allowance."""
     return fsdp_cases(world_sizes(), computes=(None, "fp16"), contract=True, widths=(6, 16), depths=(2, 3))
+
+
+def deep_cases():
+    """The contract's models, 3 to 5 layers: every layer's weights held at once show well
+    above two of the largest parameter."""
+    return fsdp_cases(world_sizes(2), computes=(None, "fp16"), contract=True, widths=(6, 16), depths=(3, 5))
 
 
 def window_cases():
@@ -201,6 +213,8 @@ LAWS = (
     Law("fsdp_replicated_gradients_are_bit_identical", CAPABILITY, CONTRACT, contract_cases, replicated_gradients, needs=("2 ranks",)),
     Law("fsdp_memory_at_rest_is_sharded", CAPABILITY, CONTRACT, memory_cases, memory_at_rest, needs=("2 ranks",)),
     Law("fsdp_forward_gathers_at_most_two_layers_ahead", CAPABILITY, CONTRACT, window_cases, gathers_at_most_two_layers_ahead, needs=("2 ranks",)),
+    Law("fsdp_autograd_holds_no_gathered_weights_after_forward", CAPABILITY, API, deep_cases, autograd_holds_no_gathered_weights,
+        needs=("2 ranks",), extra="no gathered weights held by autograd"),
     Law("fsdp_wider_models_match_one_process", CAPABILITY, API, wide_cases, trajectory_parity, needs=("2 ranks",), extra="tied, frozen, AdamW, bf16"),
     Law("fsdp_strategies_match_one_process", CAPABILITY, API, strategy_cases, strategy_parity_and_memory, needs=("2 ranks",), extra="sharding strategies"),
     Law("fsdp_full_shard_frees_after_forward", CAPABILITY, API, full_shard_cases, frees_after_forward, needs=("2 ranks",), extra="reshard after forward"),
