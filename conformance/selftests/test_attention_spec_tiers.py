@@ -89,6 +89,29 @@ def test_an_error_at_one_handout_size_names_the_size(device):
         spec.outputs_at_every_handout_size(attn, device)
 
 
+class _RefusesUnequalLengths:
+    """impl's PyTorch flavour, but a two-line error (cause last, as einops writes) when N_q != N_k."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def apply(self, q, k, v, is_causal=False):
+        if q.shape[-2] != k.shape[-2]:
+            raise RuntimeError("Error while processing rearrange pattern\nShape mismatch, can't divide axis of length 64")
+        return self.fn.apply(q, k, v, is_causal)
+
+
+def test_a_crash_in_an_extra_names_its_shape_and_keeps_the_cause(device):
+    """A crash (not a judged mismatch) in an extra says at which shape, and keeps the last
+    line of a multi-line error, where the cause often is."""
+    from conformance.target import load_target
+
+    attn = _RefusesUnequalLengths(load_target("impl").attention("pytorch"))
+    with pytest.raises(AssertionError, match=r"^batch \(2,\), N_q=64, N_k=128, d=32, float32, not causal \(forward\): "
+                                             r"RuntimeError: Error while processing .* \.\.\. Shape mismatch"):
+        spec.unequal_query_and_key_lengths(attn, device, masks=(False,))
+
+
 def test_tf32_dots_pass_the_contract_and_fail_the_float32_extra(device):
     """A float32 kernel whose dots round to TF32 (the kept mutant ``tf32_dots``, emulated, so
     it shows on a CPU too) meets the course's contract cases and laws, and the extra names TF32."""

@@ -208,7 +208,7 @@ CS336 = {
 
 
 def _shape_of(case) -> str:
-    mask = "causal" if case.causal else "not causal"
+    mask = "causal" if case.is_causal else "not causal"
     layout = "" if case.layout == "contiguous" else f", {case.layout}"
     return (f"batch {tuple(case.batch)}, N_q={case.n_q}, N_k={case.n_k}, d={case.d}, "
             f"{str(case.dtype).removeprefix('torch.')}, {mask}{layout}")
