@@ -100,7 +100,7 @@ class PeakMemory:
         return None if self.bytes is None else self.bytes / 2**20
 
 
-def host_us_per_call(fn: Callable[[], object], calls: int) -> tuple[float, float]:
+def host_and_wall_us_per_call(fn: Callable[[], object], calls: int) -> tuple[float, float]:
     """(host, wall) microseconds a call: ``calls`` calls with no synchronisation inside the
     loop (what the CPU spends issuing the work), then the wall time once the GPU is done."""
     fn()

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from perf.lib.measure import host_us_per_call, kernel_us_per_call
+from perf.lib.measure import host_and_wall_us_per_call, kernel_us_per_call
 from perf.lib.workloads import cuda_attention_inputs
 
 
@@ -92,8 +92,8 @@ def main():
             for name in impls:
                 fwd, bwd = passes(name)
                 fwd()  # sets this variant's DIRECT flag, under which its backward then runs
-                host[name]["forward"].append(host_us_per_call(fwd, a.calls)[0])
-                host[name]["backward"].append(host_us_per_call(bwd, a.calls)[0])
+                host[name]["forward"].append(host_and_wall_us_per_call(fwd, a.calls)[0])
+                host[name]["backward"].append(host_and_wall_us_per_call(bwd, a.calls)[0])
         for name in impls:
             fwd, bwd = passes(name)
             fwd()

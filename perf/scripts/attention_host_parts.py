@@ -33,7 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from impl.attention import flash_triton as ft
 from impl.attention import triton_launch
-from perf.lib.measure import host_us_per_call
+from perf.lib.measure import host_and_wall_us_per_call
 from perf.lib.workloads import cuda_attention_inputs
 
 
@@ -78,7 +78,7 @@ def backward_variants(b, h, n, d, causal=True):
     def timed(ctx, fn):
         def measure(calls):
             with ctx:
-                return host_us_per_call(fn, calls)[0]
+                return host_and_wall_us_per_call(fn, calls)[0]
         return measure
 
     class _Null:
@@ -118,7 +118,7 @@ def forward_variants(b, h, n, d, causal=True):
     def timed(ctx, fn):
         def measure(calls):
             with ctx:
-                return host_us_per_call(fn, calls)[0]
+                return host_and_wall_us_per_call(fn, calls)[0]
         return measure
 
     return {
