@@ -36,6 +36,12 @@ from conformance.capabilities import CONTRACT, SELF, capability_of_nodeid, tier_
 
 STATUS_ORDER = ("FAILS", "conforms", "not offered", "not run here")
 
+# The exit status of a run whose target had checks collected but none ran to an outcome:
+# every capability not offered or not run here.  Not 0: "nothing failed" is not "conforms"
+# (a target that wires nothing into its adapters would otherwise pass a CI job).  pytest's
+# own 5 ("no tests collected") is the nearest meaning.
+NOTHING_CHECKED = 5
+
 
 @dataclass
 class Counts:
@@ -293,6 +299,17 @@ class ConformanceReport:
     def rows(self):
         return sorted(self.results.values(), key=lambda r: r.capability)
 
+    def nothing_checked(self) -> bool:
+        """The target had checks, and not one of them passed or failed (or died)."""
+        self.count_unreported()
+        rows = self.rows()
+        return bool(rows) and not any(r.passed or r.failed or r.unreported for r in rows)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        if exitstatus == 0 and self.nothing_checked():
+            session.exitstatus = NOTHING_CHECKED
+
     def unchecked(self) -> list[tuple[str, str]]:
         """(capability, why) for each capability of the protocol with no row in this run."""
         from pathlib import Path
@@ -350,11 +367,12 @@ class ConformanceReport:
         """(family, note) for each note that bears on a row of this run."""
         from conformance.capabilities import NOTES, TRITON_ON_THE_CPU
 
-        def ran(family):
-            return [r for r in self.rows() if r.capability == family or r.capability.startswith(family + " ")]
+        def ran(family):  # rows of the family with a check that passed or failed (not offered: no note)
+            return [r for r in self.rows() if (r.capability == family or r.capability.startswith(family + " "))
+                    and (r.passed or r.failed)]
 
         out = [(family, note) for family, note in NOTES.items() if ran(family)]
-        if any(r.passed or r.failed for r in ran("attention triton")) and resolve_device() == "cpu":
+        if ran("attention triton") and resolve_device() == "cpu":
             out.append(("attention triton", TRITON_ON_THE_CPU))
         return out
 
@@ -406,6 +424,13 @@ class ConformanceReport:
             tr.write_line(f"  {why}")
         for family, note in self.notes():
             tr.write_line(f"  note on {family}: {note}")
+        if self.nothing_checked():
+            tr.write_line(
+                f"  nothing was checked: every capability of the target is not offered or not run here "
+                f"(exit status {NOTHING_CHECKED}, not 0)",
+                yellow=True,
+                bold=True,
+            )
         unreported = sum(r.unreported for r in self.rows())
         if unreported:
             tr.write_line(

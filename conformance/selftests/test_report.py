@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from conformance.capabilities import SELF, capability_of_nodeid
-from conformance.report import NEVER_REPORTED, ConformanceReport
+from conformance.report import NEVER_REPORTED, NOTHING_CHECKED, ConformanceReport
 
 pytest_plugins = ["pytester"]
 
@@ -182,6 +182,31 @@ def test_a_run_stopped_early_reports_the_checks_it_never_ran(pytester, monkeypat
     assert "FAILS" in line and "2 never reported" in line, out[-3000:]
 
 
+def test_a_target_with_nothing_offered_or_run_here_does_not_exit_0(pytester, monkeypatch):
+    """Every check skipped as not offered or not run here: nothing failed, but nothing
+    conforms either; a CI job that reads the exit status must not pass such a target."""
+    pytester.makepyfile(
+        test_attention_inner=textwrap.dedent(
+            """
+            import pytest
+
+            @pytest.mark.parametrize("law", ["causal_a", "causal_b"])
+            @pytest.mark.parametrize("flavour", ["triton"])
+            def test_law(flavour, law):
+                if law == "causal_a":
+                    pytest.skip("not offered: get_flashattention_autograd_function_triton raises NotImplementedError")
+                pytest.skip("needs a GPU: this machine has 0")
+            """
+        )
+    )
+    pytester.makeconftest(REGISTER_INNER)
+    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = pytester.runpytest_subprocess("-p", "conformance.report", "-p", "no:cacheprovider", "-p", "no:xdist")
+    out = result.stdout.str()
+    assert result.ret == NOTHING_CHECKED, (result.ret, out[-3000:])
+    assert f"nothing was checked: every capability of the target is not offered or not run here (exit status {NOTHING_CHECKED}" in out, out[-3000:]
+
+
 def test_every_capability_of_the_protocol_has_a_row_even_without_checks():
     report = _controller()
     report.pytest_xdist_node_collection_finished(node=None, ids=CAUSAL[:1])
@@ -253,3 +278,14 @@ def test_a_triton_row_judged_on_the_cpu_says_what_ran(monkeypatch):
         assert ("attention triton" in notes) == expected, notes
         if expected:
             assert "fallback" in notes["attention triton"] and "attention triton" in report.as_json()["notes"]
+
+
+def test_a_capability_note_is_shown_only_where_its_checks_ran():
+    """The FSDP note explains a verdict; for a target that offers no FSDP there is none."""
+    nodeid = "conformance/spec/test_fsdp.py::test_cs336_toy_model[partition]"
+    report = _controller()
+    report.pytest_runtest_logreport(_report(nodeid, "skipped", longrepr=(__file__, 1, "Skipped: not offered: get_fsdp is missing")))
+    assert _row(report, "FSDP")["status"] == "not offered"
+    assert "FSDP" not in dict(report.notes())
+    report.pytest_runtest_logreport(_report(nodeid.replace("partition", "trajectory"), "passed"))
+    assert "FSDP" in dict(report.notes())
