@@ -134,3 +134,15 @@ def test_tf32_dots_pass_the_contract_and_fail_the_float32_extra(device):
         spec.float32_inputs_keep_float32_accuracy(tf32, device, masks=(False,))
     with pytest.raises(AssertionError, match="exceeds the oracle bound"):
         forward_matches_float64_reference(tf32, case, device)  # the wider law: float32 accuracy
+
+
+def test_a_tf32_kernel_fails_the_float32_extra_alone(device):
+    """Precision is not what the other extras change: a TF32 kernel's rows there report their
+    own subjects (seen on an H100: student kernels with tl.dot's default TF32 failed "many
+    shapes in one process" on accuracy alone, |err| 2e-3 at N = 16)."""
+    from conformance.mutants.attention import SPECS
+
+    tf32 = next(m for m in SPECS if m.name == "tf32_dots").target().get_flashattention_autograd_function_pytorch()
+    for extra in (spec.many_shapes_in_one_process, spec.four_dim_inputs, spec.noncontiguous_inputs,
+                  spec.explicit_softmax_scale):
+        extra(tf32, device)
