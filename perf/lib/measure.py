@@ -102,14 +102,16 @@ class PeakMemory:
 
 def host_and_wall_us_per_call(fn: Callable[[], object], calls: int) -> tuple[float, float]:
     """(host, wall) microseconds a call: ``calls`` calls with no synchronisation inside the
-    loop (what the CPU spends issuing the work), then the wall time once the GPU is done."""
+    loop (what the CPU spends issuing the work), then the wall time once the GPU is done.
+    Without a GPU (a script's dry run) the two are the same."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     fn()
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
     host = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
+    sync()
     return host, (time.perf_counter() - t0) / calls * 1e6
 
 

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from perf.lib.measure import host_and_wall_us_per_call
+
 _CPP = r"""
 #include <torch/extension.h>
 
@@ -49,7 +51,9 @@ struct NoWork : public torch::autograd::Function<NoWork<Allocate>> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     if (!Allocate) return {ready[0], ready[1], ready[2]};
-    auto d = at::empty(saved[0].sizes().slice(0, saved[0].dim() - 1), saved[0].options().dtype(at::kFloat));
+    auto delta = at::empty(  // D: allocated as the real backward does, then dropped
+        saved[0].sizes().slice(0, saved[0].dim() - 1), saved[0].options().dtype(at::kFloat));
+    (void)delta;
     return {at::empty_like(saved[0]), at::empty_like(saved[1]), at::empty_like(saved[2])};
   }
 };
@@ -88,17 +92,6 @@ class _PyNoWork(torch.autograd.Function):
     def backward(ctx, grad_o):
         ctx.saved_tensors
         return _PyNoWork.ready
-
-
-def host_us(fn, calls: int) -> float:
-    fn()
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    us = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
-    return us
 
 
 def variants(mod, n: int, device: str):
@@ -145,7 +138,7 @@ def main(argv=None) -> dict:
         rows = {name: [] for name in vs}
         for _ in range(args.rounds):
             for name, fn in vs.items():
-                rows[name].append(host_us(fn, args.calls))
+                rows[name].append(host_and_wall_us_per_call(fn, args.calls)[0])
         med = {name: round(statistics.median(v), 1) for name, v in rows.items()}
         result[f"N{n}"] = {"median_us": med, "rounds_us": {k: [round(x, 1) for x in v] for k, v in rows.items()}}
         print(f"N={n}", json.dumps(med), flush=True)
