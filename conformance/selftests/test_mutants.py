@@ -17,6 +17,7 @@ fewer can run, one GPU or ``--world-size 1``, is "not run here", not failed).
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,22 @@ def test_every_law_has_a_kept_mutant_it_rejects(module):
     capability = mutants[0].capability
     assert len(mutants) >= MIN_MUTANTS.get(capability, 4), f"{capability}: only {len(mutants)} kept mutants"
     assert all(m.capability == capability for m in mutants)
+
+
+
+def _run_by_the_suite_on_impl(law: str, node_ids: str) -> bool:
+    """Whether a collected properties or spec test runs ``law`` (its name in the test's id or
+    in its function's source): the full run on impl that a one-example control stands beside."""
+    return law.removeprefix("spec:") in node_ids
+
+
+def test_every_law_with_a_one_example_control_runs_in_full_in_the_properties_or_spec_tests(request):
+    items = [item for item in request.session.items if item.nodeid.startswith(("properties/", "conformance/spec/"))]
+    if not items:
+        pytest.skip("needs the properties and spec tests collected in the same run (as `pytest` alone does)")
+    text = "\n".join(item.nodeid + "\n" + inspect.getsource(item.function) for item in items)
+    impl_controls = sorted({(m, law) for m, law, _, control in CONTROLS if control == "impl"})
+    missing = [(m, law) for m, law in impl_controls if not _run_by_the_suite_on_impl(law, text)]
+    assert impl_controls and not missing, (
+        f"controls cut to {IMPL_CONTROL_EXAMPLES} example(s) whose law no properties or spec test runs: {missing}")
+    assert not _run_by_the_suite_on_impl("a_law_no_test_runs", text)
