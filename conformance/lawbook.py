@@ -121,17 +121,28 @@ def check_examples(law: Law, subject, *, device=None, max_examples: int | None =
     if max_examples is not None:
         options["max_examples"] = max_examples
     declined: list[Verdict] = []
+    # Without a shrink phase (a mutant run: a verdict, not a minimal example) the only call
+    # after the first failure is Hypothesis replaying it to report it; the failure is
+    # raised again from memory rather than run twice (a hang would wait out its watchdog twice).
+    failed: list[AssertionError] = []
+    remember = "phases" in options and not any(getattr(p, "name", p) == "shrink" for p in options["phases"])
 
     @settings(**options)
     @given(case=law.cases(device=device))
     def run(case):
         note(f"case: {case}")
+        if failed:
+            raise failed[0]
         try:
             law.check(subject, case)
         except Verdict as verdict:
             if not go_on_after_verdicts:
                 raise
             declined.append(verdict)
+        except AssertionError as exc:
+            if remember:
+                failed.append(exc)
+            raise
 
     run()
     if declined:

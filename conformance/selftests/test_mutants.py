@@ -178,3 +178,27 @@ def test_every_law_with_a_one_example_control_runs_in_full_in_the_properties_or_
     assert impl_controls and not missing, (
         f"controls cut to {IMPL_CONTROL_EXAMPLES} example(s) whose law no properties or spec test runs: {missing}")
     assert not _run_by_the_suite_on_impl(impl_controls[0][0], "a_law_no_test_runs", text)
+
+
+def test_a_mutant_run_checks_its_failing_case_once_and_a_shrinking_run_checks_it_again():
+    """Hypothesis replays a failing example to report it; without shrinking (a mutant run)
+    the lawbook raises the first failure again from memory, so a hang waits out its watchdog
+    once, not twice.  With shrinking every call runs the check."""
+    from hypothesis import strategies as st
+
+    from conformance.lawbook import CONTRACT, Law, check_examples, mutant_settings
+
+    calls = []
+
+    def check(subject, case):
+        calls.append(case)
+        assert case < 0, f"case {case} fails"
+
+    law = Law("every_case_fails", "selftest", CONTRACT, cases=lambda device=None: st.integers(0, 9), check=check)
+    with pytest.raises(AssertionError, match="fails"):
+        check_examples(law, None, max_examples=5, **mutant_settings())
+    assert len(calls) == 1, calls
+    calls.clear()
+    with pytest.raises(AssertionError, match="fails"):
+        check_examples(law, None, max_examples=5, database=None, derandomize=True)
+    assert len(calls) >= 2, calls
