@@ -5,7 +5,8 @@ a correct implementation, and ``caught_by`` names the laws (or ``spec:<case>`` s
 that must reject it.  For every (mutant, law) pair the law runs against the mutant with a
 bounded number of examples and no shrinking; a mutant that passes fails this test.  The
 control: the unbroken implementation passes the same runs (up to the profile's number of
-examples), so a rejection is the bug's doing, not a broken pool or a law that fails
+examples; one example where the control is impl, whose full runs are the properties and
+spec tests'), so a rejection is the bug's doing, not a broken pool or a law that fails
 everything.  And every law of every capability has at least one mutant it is shown to reject.
 
 Each capability's laws package runs its own laws (``rejection(law_name, target_spec,
