@@ -158,7 +158,6 @@ def test_every_law_has_a_kept_mutant_it_rejects(module):
     assert all(m.capability == capability for m in mutants)
 
 
-
 def _run_by_the_suite_on_impl(module: str, law: str, tests: str) -> bool:
     """Whether a collected properties or spec test runs ``law``: its name, or its check
     function's, in the test's id or source (``tests``).  That is the full run on impl a
