@@ -250,6 +250,12 @@ MUTANT_EXPLICIT = {
                  optimizer="SGD", lr=0.01, steps=1, batch_per_rank=2, seq=3, seed=0, strategy="HYBRID_SHARD",
                  eval_forward=True),
     ),
+    # Three 16-wide layers at two ranks: the copies autograd keeps (the whole model) exceed
+    # the after-forward bound's two of the largest parameter.
+    "fsdp_full_shard_frees_after_forward": (
+        FSDPCase(world_size=2, vocab=6, widths=(16, 16, 16, 16), norms=False, tied=False, frozen=None, compute=None,
+                 optimizer="SGD", lr=0.01, steps=1, batch_per_rank=2, seq=3, seed=0, strategy="FULL_SHARD"),
+    ),
 }
 
 
