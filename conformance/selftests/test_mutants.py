@@ -204,3 +204,22 @@ def test_a_mutant_run_checks_its_failing_case_once_and_a_shrinking_run_checks_it
     with pytest.raises(AssertionError, match="fails"):
         check_examples(law, None, max_examples=5, database=None, derandomize=True)
     assert len(calls) >= 2, calls
+
+
+# Kept mutants whose rejection once rested on the world sizes the derandomised draws held:
+# with the world size pinned to 2 (a two-GPU machine) they passed until their mutant runs
+# got explicit cases (MUTANT_EXPLICIT in the FSDP and tensor-parallel laws).
+PINNED_TWO = [("ce_mean_counts_ignored", "vocab_parallel_cross_entropy_equals_cross_entropy_on_the_full_logits"),
+              ("hybrid_replicas_not_reduced", "fsdp_strategies_match_one_process"),
+              ("gathered_copies_saved_for_backward", "fsdp_full_shard_frees_after_forward")]
+
+
+@pytest.mark.parametrize("name, law", PINNED_TWO, ids=[n for n, _ in PINNED_TWO])
+def test_draw_dependent_mutants_are_rejected_with_the_world_size_pinned_to_two(name, law, monkeypatch):
+    if resolve_device() != "cpu":
+        pytest.skip("the pinned run uses CPU ranks (4 of them for the hybrid case); the GPU runs the drawn one")
+    mutant = next(m for m in _mutants() if m.name == name)
+    assert law in mutant.caught_by
+    monkeypatch.setenv("SUITE_WORLD_SIZE", "2")
+    verdict = _run(_runner(_module_of(mutant)), law, mutant.target, mutant.flavour)
+    assert verdict is not None, f"mutant {name!r} passed the {law} law with the world size pinned to 2"
