@@ -6,6 +6,10 @@
 - ``gate``: the GPU gate's kernel laws (perf/gate/gpu_gate.sh): 8x ci, what 16 cores of
   one H100 machine check inside the gate's 10 minutes (perf/GATE.md).
 - ``thorough``: many examples, for a nightly run.
+- ``known_good``: the contract tier on each known-good target in CI
+  (``conformance/selftests/test_known_good.py``): a few derandomised examples a law, since
+  a correct target is asked only whether a law pins impl's design; developers run those
+  targets under ``ci`` or ``dev`` when a law changes.
 
 Select with ``pytest --hypothesis-profile NAME``.  Every profile prints the
 ``@reproduce_failure`` blob of a failing example; the seed is printed by Hypothesis's
@@ -30,6 +34,7 @@ PROFILES = {
     "dev": dict(max_examples=30, **_COMMON),
     "gate": dict(max_examples=100, **_COMMON),
     "thorough": dict(max_examples=200, **_COMMON),
+    "known_good": dict(max_examples=4, derandomize=True, database=None, **_COMMON),
 }
 
 

@@ -7,6 +7,9 @@
                                              N GPUs, N ranks)
     EnvironmentRefusal  "not run here: ..."  the environment refuses the target's code (an
                                              autotuned kernel under the Triton interpreter)
+    NotApplicable       "not applicable: ..." the check asks something of a design the target
+                                             rightly does not have (a message count of
+                                             collectives that are not point-to-point rings)
     TargetImportError   "target does not import: ..."  the target's module raised on import
 
 Each is an ``Exception`` subclass of ``Verdict``, whose ``reason`` is the one line a report
@@ -57,6 +60,13 @@ class EnvironmentRefusal(Verdict):
     prefix = "not run here"
 
 
+class NotApplicable(Verdict):
+    """The check measures a design the target legitimately does not use; the reason says
+    which.  Never a pass: the report counts it as skipped, with its reason."""
+
+    prefix = "not applicable"
+
+
 class TargetImportError(Verdict):
     """The target's module raised while being imported."""
 
@@ -64,7 +74,7 @@ class TargetImportError(Verdict):
 
 
 REGISTRY: dict[str, type[Verdict]] = {
-    cls.__name__: cls for cls in (Verdict, NotOffered, NeedsHardware, EnvironmentRefusal, TargetImportError)
+    cls.__name__: cls for cls in (Verdict, NotOffered, NeedsHardware, EnvironmentRefusal, NotApplicable, TargetImportError)
 }
 
 
