@@ -85,7 +85,8 @@ Beyond the course, entry points of the same shape (stable: others write adapters
 
   data partitioning
     get_distributed_sampler(dataset_len, num_replicas, rank, shuffle=True, seed=0,
-        drop_last=False) -> indices with set_epoch(epoch) and __len__ (torch's padding rule)
+        drop_last=False) -> indices with set_epoch(epoch) and __len__ (torch's DistributedSampler
+        contract; its exact padding and strided shares are an extra)
     ddp_join(model) -> context manager for a get_ddp model: ranks with fewer batches shadow
         the collectives; the average divides by the initial world size
 

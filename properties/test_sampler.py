@@ -17,8 +17,8 @@ def _law(name):
     return LAWS_BY_NAME[name]
 
 
-def test_contract_across_ranks_every_index_is_seen_once_per_epoch_plus_exactly_the_stated_padding(target):
-    check_law(_law("shares_cover_every_index_once_plus_the_stated_padding"), target.spec, max_examples=examples(60))
+def test_contract_across_ranks_every_index_is_seen_each_epoch_and_padding_evens_the_shares(target):
+    check_law(_law("shares_cover_every_index_and_pad_to_equal_lengths"), target.spec, max_examples=examples(60))
 
 
 def test_contract_len_is_ceil_n_over_r_or_floor_n_over_r_with_drop_last_and_equals_what_it_yields(target):
@@ -29,12 +29,21 @@ def test_contract_the_same_seed_and_epoch_repeat_the_order_and_the_next_epoch_ch
     check_law(_law("same_seed_and_epoch_repeat_and_the_next_epoch_reorders"), target.spec, max_examples=examples(30))
 
 
-def test_contract_without_shuffling_rank_r_gets_indices_r_r_plus_r_and_so_on(target):
-    check_law(_law("without_shuffle_rank_r_gets_the_strided_order"), target.spec, max_examples=examples(40))
+def test_contract_without_shuffling_the_shares_keep_the_dataset_order_for_every_seed_and_epoch(target):
+    check_law(_law("without_shuffle_the_shares_keep_the_dataset_order_for_every_seed_and_epoch"), target.spec,
+              max_examples=examples(40))
 
 
 def test_contract_a_sampler_kept_across_epochs_gives_after_set_epoch_what_a_fresh_one_gives(target):
     check_law(_law("a_sampler_kept_across_epochs_follows_set_epoch"), target.spec, max_examples=examples(30))
+
+
+def test_torch_pads_with_the_start_of_the_order(target):
+    check_law(_law("padding_repeats_the_start_of_the_order_as_torch_does"), target.spec, max_examples=examples(40))
+
+
+def test_torch_without_shuffling_gives_rank_r_indices_r_r_plus_r_and_so_on(target):
+    check_law(_law("without_shuffle_rank_r_gets_the_strided_order"), target.spec, max_examples=examples(30))
 
 
 def test_another_seed_gives_another_order(target):

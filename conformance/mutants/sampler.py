@@ -47,6 +47,13 @@ class _NoPadding(DistributedSampler):
         return order[: self.total_size] if self.drop_last else order  # BUG: the last ranks come up short
 
 
+class _ShuffledAnyway(DistributedSampler):
+    def order(self):
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)  # BUG: shuffle=False is ignored
+        return torch.randperm(self.dataset_len, generator=g).tolist()
+
+
 class _EpochIgnored(DistributedSampler):
     def order(self):
         if not self.shuffle:
@@ -106,6 +113,7 @@ seeded_per_rank = _sampler_target(_SeededPerRank)
 padding_from_the_end = _sampler_target(_PaddingFromTheEnd)
 no_padding = _sampler_target(_NoPadding)
 epoch_ignored = _sampler_target(_EpochIgnored)
+shuffled_without_shuffle = _sampler_target(_ShuffledAnyway)
 share_cached_at_first_iteration = _sampler_target(_ShareCachedAtFirstIteration)
 seed_ignored = _sampler_target(_SeedIgnored)
 drops_the_same_tail = _sampler_target(_DropsTheSameTail)
@@ -120,11 +128,14 @@ def _m(name, bug, caught_by):
 
 MUTANTS = (
     _m("seeded_per_rank", "the shuffle is seeded per rank: ranks disagree on the order",
-       ["shares_cover_every_index_once_plus_the_stated_padding"]),
-    _m("padding_from_the_end", "padding repeats the end of the order instead of its start",
-       ["shares_cover_every_index_once_plus_the_stated_padding", "without_shuffle_rank_r_gets_the_strided_order"]),
+       ["shares_cover_every_index_and_pad_to_equal_lengths"]),
+    _m("padding_from_the_end", "padding repeats the end of the order instead of its start: torch's documentation "
+       "allows it, torch's own rule (the extra) does not",
+       ["padding_repeats_the_start_of_the_order_as_torch_does", "without_shuffle_rank_r_gets_the_strided_order"]),
     _m("no_padding", "no padding: when N % R != 0 the last ranks get one index fewer than len() says",
-       ["len_is_ceil_n_over_r_or_floor_with_drop_last", "shares_cover_every_index_once_plus_the_stated_padding"]),
+       ["len_is_ceil_n_over_r_or_floor_with_drop_last", "shares_cover_every_index_and_pad_to_equal_lengths"]),
+    _m("shuffled_without_shuffle", "shuffle=False is ignored: the order is shuffled anyway",
+       ["without_shuffle_the_shares_keep_the_dataset_order_for_every_seed_and_epoch"]),
     _m("epoch_ignored", "set_epoch is ignored: every epoch has the same order",
        ["same_seed_and_epoch_repeat_and_the_next_epoch_reorders"]),
     _m("share_cached_at_first_iteration", "the share is computed at the first iteration and kept: set_epoch on a kept sampler changes nothing",

@@ -35,7 +35,15 @@ def _files(stem: str) -> tuple[str, ...]:
 
 # capability -> the legitimate design choices the contract tier must accept
 VARIATIONS: dict[str, tuple[str, ...]] = {
+    "distributed sampler": (
+        "which indices pad the shares to equal lengths (torch: the start of the order again; any T - N indices of range(N))",
+        "how the padded order is cut into shares (torch: every R-th position; contiguous blocks equally)",
+        "the random source of the shuffle, as long as every rank draws the same order and each epoch another",
+    ),
 }
 
 KNOWN_GOOD: tuple[KnownGood, ...] = (
+    KnownGood("distributed sampler", "conformance.adapters.torch_sampler", "torch's DistributedSampler", _files("sampler")),
+    KnownGood("distributed sampler", "conformance.selftests.targets.known_good.sampler_blocks",
+              "contiguous blocks, padded with the end of the order, shuffled by Python's random", _files("sampler")),
 )

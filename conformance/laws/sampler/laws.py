@@ -7,10 +7,14 @@ A target offers
     optionally ``ddp_join(model)`` -> a context manager for uneven inputs around a model
         from impl's ``get_ddp`` (the rule in impl/data/join.py).
 
-Capability "distributed sampler".  No course handout: the contract tier is the issue's
-list (cover with the stated padding, identical shuffles, a new order per epoch, len, the
-strided order without shuffling); the extra is uneven inputs (join), run on 2..4 ranks
-under a watchdog timeout: a hang is a failure with a message, never a stuck suite.
+Capability "distributed sampler".  No course handout: the contract tier is torch's
+DistributedSampler contract as its documentation states it (``checks``' docstring quotes
+it): every index covered with padding to equal lengths, len, identical shuffles on every
+rank, a new order per epoch, no reordering without shuffling, set_epoch on a kept sampler.
+torch's exact partition (strided) and padding (the start of the order again) are a choice
+its documentation leaves free: the extra "torch's partition and padding".  Further extras:
+the seed, drop_last's dropped tail, argument checks, and uneven inputs (join), run on 2..4
+ranks under a watchdog timeout: a hang is a failure with a message, never a stuck suite.
 
 ``rejection(law_name, target_spec, max_examples)`` is the mutant self-test's runner.
 """
@@ -28,6 +32,7 @@ from conformance.laws.sampler.strategies import MIN_LEN_FOR_REORDER, sampler_cas
 
 CAPABILITY = "distributed sampler"
 CONTROL = "impl"
+TORCH_ORDER = "torch's partition and padding"
 # A joined rank that stops answering leaves the others in a collective: the watchdog.
 # NCCL builds its communicators at the first collective of a pool (seconds on an H100: a
 # 15 s watchdog timed out there once, then passed), so the GPU gets more.
@@ -51,16 +56,20 @@ def check_uneven(subject, case) -> None:
 
 
 LAWS = (
-    Law("shares_cover_every_index_once_plus_the_stated_padding", CAPABILITY, CONTRACT,
+    Law("shares_cover_every_index_and_pad_to_equal_lengths", CAPABILITY, CONTRACT,
         cases=lambda device=None: sampler_cases(), check=checks.check_cover),
     Law("len_is_ceil_n_over_r_or_floor_with_drop_last", CAPABILITY, CONTRACT,
         cases=lambda device=None: sampler_cases(), check=checks.check_len),
     Law("same_seed_and_epoch_repeat_and_the_next_epoch_reorders", CAPABILITY, CONTRACT,
         cases=lambda device=None: sampler_cases(shuffle=(True,), min_len=MIN_LEN_FOR_REORDER), check=checks.check_epochs),
-    Law("without_shuffle_rank_r_gets_the_strided_order", CAPABILITY, CONTRACT,
-        cases=lambda device=None: sampler_cases(shuffle=(False,)), check=checks.check_strided),
+    Law("without_shuffle_the_shares_keep_the_dataset_order_for_every_seed_and_epoch", CAPABILITY, CONTRACT,
+        cases=lambda device=None: sampler_cases(shuffle=(False,)), check=checks.check_unshuffled),
     Law("a_sampler_kept_across_epochs_follows_set_epoch", CAPABILITY, CONTRACT,
         cases=lambda device=None: sampler_cases(), check=checks.check_reused_sampler),
+    Law("padding_repeats_the_start_of_the_order_as_torch_does", CAPABILITY, API,
+        cases=lambda device=None: sampler_cases(), check=checks.check_torch_padding, extra=TORCH_ORDER),
+    Law("without_shuffle_rank_r_gets_the_strided_order", CAPABILITY, API,
+        cases=lambda device=None: sampler_cases(shuffle=(False,)), check=checks.check_strided, extra=TORCH_ORDER),
     Law("another_seed_gives_another_order", CAPABILITY, API,
         cases=lambda device=None: sampler_cases(shuffle=(True,), min_len=MIN_LEN_FOR_REORDER), check=checks.check_seed,
         extra="the seed"),
