@@ -3,15 +3,21 @@
     pytest properties/test_ring_collectives.py --target conformance.adapters.torch_collectives
 
 Each entry point calls the backend's collective (gloo or NCCL) on a copy of the input.
-They are not built from point-to-point messages, so the message law does not apply to
-them: it fails ("0 sends"), as it must for anything that is not a ring of sends; the value
-laws and the extras are the comparison.
+They are not built from point-to-point messages, and say so (``RING_COLLECTIVES_NOT_POINT_TO_POINT``,
+the protocol's declaration): the laws on point-to-point messages (bounds, exact formulas,
+NCCL-safe exchanges) read "not applicable" on them; the value laws and the other extras
+are the comparison.  A target without the declaration that sends no messages fails those
+laws, as a ring that sends nothing must.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+RING_COLLECTIVES_NOT_POINT_TO_POINT = (
+    "torch.distributed's all_reduce and all_gather run inside the backend (gloo, NCCL), not as point-to-point "
+    "calls whose messages could be counted")
 
 
 def _agree(tensor, group):

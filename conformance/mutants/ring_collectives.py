@@ -50,7 +50,20 @@ def _rs_chunks(chunks, world, rank, nxt, prv, group, send_shift=1, steps=None, w
         into.add_(buf)
 
 
-def _target(rs=None, alternate=None, peers=None, agree=_agree, step=_step, alias_at_one=False, flat_view=False):
+def _ag_direct(chunks, world, rank, group):
+    """Every rank sends its own chunk straight to every other rank, in one batch: the right
+    gather in the ring's count of messages and bytes, but not a ring (W >= 3 shows it)."""
+    ops = []
+    for j in range(world):
+        if j != rank:
+            peer = j if group is None else dist.get_global_rank(group, j)
+            ops += [dist.P2POp(dist.isend, chunks[rank], peer, group), dist.P2POp(dist.irecv, chunks[j], peer, group)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+
+
+def _target(rs=None, alternate=None, peers=None, agree=_agree, step=_step, alias_at_one=False, flat_view=False,
+            ag=None):
     flatten = (lambda t: t.view(-1)) if flat_view else (lambda t: t.reshape(-1))  # view: contiguous inputs only
 
     def reduce_scatter(tensor, group=None, _all=False):
@@ -77,7 +90,10 @@ def _target(rs=None, alternate=None, peers=None, agree=_agree, step=_step, alias
         out = torch.empty((world * tensor.numel(),), dtype=tensor.dtype, device=tensor.device)
         chunks = out.tensor_split(world)
         chunks[rank].copy_(flatten(tensor.detach()))
-        _ag_chunks(chunks, world, rank, nxt, prv, group, step)
+        if ag == "direct":
+            _ag_direct(chunks, world, rank, group)
+        else:
+            _ag_chunks(chunks, world, rank, nxt, prv, group, step)
         return out.reshape((world * tensor.shape[0],) + tuple(tensor.shape[1:]))
 
     def alt(tensor, group=None):
@@ -127,6 +143,14 @@ def _numel_only(tensor, group, what):
         raise ValueError(f"{what}: ranks disagree on the shape: this rank has {tuple(tensor.shape)}")
 
 
+def _names_nothing(tensor, group, what):
+    """impl's agreement, with an error that says only that something differs."""
+    try:
+        _agree(tensor, group, what)
+    except ValueError:
+        raise ValueError(f"{what}: the ranks' tensors do not agree") from None
+
+
 chunk_index_off_by_one = _target(rs=lambda c, w, r, n, p, g: _rs_chunks(c, w, r, n, p, g, send_shift=0))
 last_step_skipped = _target(rs=lambda c, w, r, n, p, g: _rs_chunks(c, w, r, n, p, g, steps=w - 2))
 own_chunk_added_twice = _target(rs=_own_twice)
@@ -137,14 +161,20 @@ agrees_on_size_not_shape = _target(agree=_numel_only)
 exchanges_unbatched = _target(step=_unbatched_step)
 input_returned_at_world_one = _target(alias_at_one=True)
 contiguous_inputs_only = _target(flat_view=True)
+all_gather_sent_to_every_rank = _target(ag="direct")
+mismatch_error_names_nothing = _target(agree=_names_nothing)
 
 _M = "conformance.mutants.ring_collectives:"
 _VALUES = "results_equal_torch_distributed_collectives"
-_COUNTS = "messages_and_bytes_per_rank_equal_the_ring_formulas"
+_BOUNDS = "messages_and_bytes_per_rank_stay_within_the_ring_bounds"
+_EXACT = "messages_and_bytes_per_rank_equal_the_ring_formulas"
+_MISMATCH = "mismatched_shapes_across_ranks_are_a_clear_error_on_every_rank"
 MUTANTS = (
     Mutant("chunk_index_off_by_one", CAPABILITY, "reduce-scatter sends chunk r - t instead of r - t - 1",
            (_VALUES,), _M + "chunk_index_off_by_one"),
-    Mutant("last_step_skipped", CAPABILITY, "reduce-scatter stops one step early", (_VALUES, _COUNTS),
+    # one message fewer is within the contract's bounds (fewer is never a fault): the values
+    # and the exact extra reject it
+    Mutant("last_step_skipped", CAPABILITY, "reduce-scatter stops one step early", (_VALUES, _EXACT),
            _M + "last_step_skipped"),
     Mutant("own_chunk_added_twice", CAPABILITY, "a rank adds its own chunk into its result twice", (_VALUES,),
            _M + "own_chunk_added_twice"),
@@ -152,13 +182,22 @@ MUTANTS = (
            "the alternate ring passes its running sum on instead of the original tensors", (_VALUES,),
            _M + "alternate_forwards_partial_sums"),
     Mutant("sends_whole_buffer_each_step", CAPABILITY,
-           "reduce-scatter sends the whole buffer every step (right sums, W times the bytes)", (_COUNTS,),
+           "reduce-scatter sends the whole buffer every step (right sums, W times the bytes)", (_BOUNDS, _EXACT),
            _M + "sends_whole_buffer_each_step"),
     Mutant("group_ranks_used_as_global", CAPABILITY, "peers are group ranks passed where global ranks are due",
            ("subgroups_use_their_own_ring_of_global_ranks",), _M + "group_ranks_used_as_global"),
+    # kept: a (2, 3) and a (3, 2) tensor have no sum, so the result it returns is a silent
+    # answer where none is defined (its error where the counts differ names a shape and passes)
     Mutant("agrees_on_size_not_shape", CAPABILITY,
            "ranks compare element counts only: equal-size different shapes go through",
-           ("mismatched_shapes_across_ranks_are_a_clear_error_on_every_rank",), _M + "agrees_on_size_not_shape"),
+           (_MISMATCH,), _M + "agrees_on_size_not_shape"),
+    Mutant("mismatch_error_names_nothing", CAPABILITY,
+           "mismatched shapes raise a ValueError that names no shape and no size", (_MISMATCH,),
+           _M + "mismatch_error_names_nothing"),
+    Mutant("all_gather_sent_to_every_rank", CAPABILITY,
+           "all-gather sends a rank's chunk straight to every other rank: right values, the ring's count and "
+           "bytes, but messages with ranks that are not ring neighbours", (_BOUNDS, _EXACT),
+           _M + "all_gather_sent_to_every_rank"),
     Mutant("input_returned_at_world_one", CAPABILITY,
            "all-gather at W = 1 returns its input (detached), not a new tensor: a caller's later write changes both",
            (_VALUES,), _M + "input_returned_at_world_one"),

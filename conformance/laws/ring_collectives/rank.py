@@ -65,11 +65,12 @@ def _torch_collective(op: str, x, group, world: int, grank: int):
 
 
 def run_mismatch(ctx, target_spec: str, case: RingCase):
-    """Every rank calls with its own (possibly different) shape; returns the error it raised."""
+    """Every rank calls with its own (possibly different) shape; returns the error it raised
+    (the kinds ``checks.CLEAR_ERRORS`` names; any other propagates as the rank's failure)."""
     x = reference.rank_input(case, ctx.rank).to(ctx.device)
     fn = load_target(target_spec).factory(case.op)
     try:
         out = fn(x, None)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RuntimeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return f"returned {tuple(out.shape)}"

@@ -3,7 +3,7 @@
 S is the number of elements of the data being reduced or gathered (reduce-scatter and
 all-reduce: one rank's ``numel``; all-gather: W times that), chunked by
 ``tensor_split(W)``: the first S mod W chunks have ceil(S / W) elements, the rest
-floor(S / W).  Per rank, with e bytes per element:
+floor(S / W).  Per rank, with e bytes per element, impl's ring (``impl.collectives.ring``):
 
     reduce-scatter, all-gather   W - 1 sends and W - 1 receives, each one chunk;
                                  over all ranks (W - 1) S e bytes sent (each chunk W - 1 times)
@@ -15,6 +15,18 @@ to the next rank of the group's ring (group rank r + 1 mod W), every receive com
 one before.  Time model (bandwidth term, links of B bytes/s each way): (W - 1) / W S e / B
 per reduce-scatter or all-gather phase, twice that for all-reduce, (W - 1) S e / B for the
 alternate ring.
+
+Which of these a target must meet.  The capability's issue asks for ring collectives built
+from point-to-point calls, with that time model: a ring of W ranks needs W - 1 steps a
+phase, one message each way a step, and moves each chunk once a step.  What it leaves open
+is where the chunks are cut, whether they are padded, and which way the ring turns.  So
+the contract is a bound from the user's side (``message_bound``, ``bytes_bound_per_rank``,
+``total_bytes_bound``): at most the ring's messages a rank, only with its two ring
+neighbours, and at most the formula's bytes plus ``padding(W)`` = W - 1 elements a message
+(a chunk padded to ceil(S / W) carries at most one element more than its ``tensor_split``
+chunk; a whole buffer padded to a multiple of W at most W - 1 more).  The exact figures
+above (``messages``, ``message_sizes``, ``total_bytes_sent``, the direction r -> r + 1) are
+impl's, an extra.
 """
 
 from __future__ import annotations
@@ -87,3 +99,29 @@ def message_sizes(case: RingCase, world: int, esize: int) -> set[int]:
     if case.op == "ring_all_reduce_alternate":
         return {s * esize}
     return {c * esize for c in chunk_sizes(s, world)}
+
+
+def padding(world: int) -> int:
+    """Elements a message may carry beyond its share of the data (see the module docstring)."""
+    return max(world - 1, 0)
+
+
+def message_bound(case: RingCase, world: int) -> int:
+    """Sends (and receives) a rank may make: the ring's count, W - 1 a phase."""
+    return messages(case, world)
+
+
+def largest_share(case: RingCase, world: int) -> int:
+    """Elements of the largest message of the formulas: ceil(S / W), or S for the alternate ring."""
+    s = elements(case, world)
+    return s if case.op == "ring_all_reduce_alternate" else -(-s // world)
+
+
+def bytes_bound_per_rank(case: RingCase, world: int, esize: int) -> int:
+    """Bytes one rank may send (or receive): the ring's messages, each the largest share plus padding."""
+    return message_bound(case, world) * (largest_share(case, world) + padding(world)) * esize
+
+
+def total_bytes_bound(case: RingCase, world: int, esize: int, n_messages: int) -> int:
+    """Bytes all ranks together may send in ``n_messages`` messages: the formula plus padding."""
+    return total_bytes_sent(case, world, esize) + n_messages * padding(world) * esize
