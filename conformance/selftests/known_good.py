@@ -35,6 +35,17 @@ def _files(stem: str) -> tuple[str, ...]:
 
 # capability -> the legitimate design choices the contract tier must accept
 VARIATIONS: dict[str, tuple[str, ...]] = {
+    "ring collectives": (
+        "where the chunks are cut, and zero-padding them to equal messages (at most W - 1 elements a message over "
+        "the formula's bytes)",
+        "which way the ring turns (send to group rank r + 1 or r - 1) and the order the chunks go round",
+        "how a step pairs its send and receive (one batch_isend_irecv, or unbatched calls ordered so that no two "
+        "neighbours both send first)",
+        "fewer messages or bytes than the ring's count (never a fault)",
+        "how the ranks agree on shapes, and the wording and unit of the mismatch error (shapes, elements, bytes)",
+        "collectives that are not point-to-point rings at all (torch's own), declared by "
+        "RING_COLLECTIVES_NOT_POINT_TO_POINT: the message checks read not applicable",
+    ),
     "distributed sampler": (
         "which indices pad the shares to equal lengths (torch: the start of the order again; any T - N indices of range(N))",
         "how the padded order is cut into shares (torch: every R-th position; contiguous blocks equally)",
@@ -43,6 +54,11 @@ VARIATIONS: dict[str, tuple[str, ...]] = {
 }
 
 KNOWN_GOOD: tuple[KnownGood, ...] = (
+    KnownGood("ring collectives", "conformance.adapters.torch_collectives",
+              "torch.distributed's all_reduce and all_gather (not point-to-point: declared)", _files("ring_collectives")),
+    KnownGood("ring collectives", "conformance.selftests.targets.known_good.ring_collectives_padded",
+              "zero-padded equal chunks, the ring turned the other way, parity-ordered unbatched isend / irecv, "
+              "shapes agreed by all_gather", _files("ring_collectives")),
     KnownGood("distributed sampler", "conformance.adapters.torch_sampler", "torch's DistributedSampler", _files("sampler")),
     KnownGood("distributed sampler", "conformance.selftests.targets.known_good.sampler_blocks",
               "contiguous blocks, padded with the end of the order, shuffled by Python's random", _files("sampler")),
