@@ -16,7 +16,9 @@ Contract
     Groups along one dimension come from torch's ``DeviceMesh`` (``init_device_mesh``)
     when it can be built for the current backend; otherwise, and for groups along several
     dimensions, every rank creates every group of the dimension with
-    ``torch.distributed.new_group`` in the same order.  Meshes are cached per (default
+    ``torch.distributed.new_group`` in the same order.  A pp dimension of size > 1 also
+    gets two channel groups per pipeline (``impl.pipeline.executor.register_channels``).
+    Meshes are cached per (default
     group, sizes, order): asking again returns the same groups and creates none.
 """
 
@@ -41,6 +43,22 @@ class ParallelMesh:
         self.device_mesh = self._device_mesh() if use_device_mesh else None
         for d in self.order:
             self._build((d,))
+        self._pipeline_channels()
+
+    def _pipeline_channels(self) -> None:
+        """Two more groups per pipeline group, for activations and gradients
+        (``impl.pipeline.executor``: one NCCL group would deadlock 1F1B), created here by
+        every rank for every pipeline in the same order, as ``new_group`` requires."""
+        if self.sizes.get("pp", 1) < 2:
+            return
+        from impl.pipeline.executor import register_channels
+
+        mine = None
+        for ranks in mesh_groups(self.sizes, self.order, ("pp",)):
+            channels = dist.new_group(ranks), dist.new_group(ranks)
+            if self.global_rank in ranks:
+                mine = channels
+        register_channels(self._groups[("pp",)], *mine)
 
     def _device_mesh(self):
         try:

@@ -29,9 +29,9 @@ Contract
     ranks on one stream, where a send may wait for its receive: 1F1B's steady state
     (stage s sends an activation, then waits for a gradient that stage s + 1 sends
     before it receives that activation) would deadlock.  So activations and gradients
-    travel on two process groups of their own (created once per group, on first use: on
-    every backend for a pipeline over the world, on NCCL for one over a subgroup; see
-    ``_channels``), each carrying one direction per pair of neighbours in the order both
+    travel on two process groups of their own (created once, on first use, for a
+    pipeline over the world; made by ``impl.mesh`` for a mesh's pipelines, which are
+    subgroups; see ``_channels``), each carrying one direction per pair of neighbours in the order both
     sides issue it (micro-batch order).  A stage keeps, per micro-batch in flight, its input and its output (the
     autograd graph between them) until that micro-batch's backward; at most
     ``max_in_flight`` of them at once (recorded on the returned ``StepStats`` of
@@ -69,26 +69,43 @@ def _group_info(group):
 _CHANNELS: dict = {}
 
 
+def _channel_key(group) -> tuple:
+    world = dist.group.WORLD if group is None else group
+    return getattr(world, "group_name", None), tuple(dist.get_process_group_ranks(world))  # not id(): ids are reused
+
+
+def register_channels(group, activations, gradients) -> None:
+    """Use ``activations`` and ``gradients`` (process groups over ``group``'s ranks) as the
+    two channels of a pipeline over ``group``.  For a pipeline over a subgroup of the
+    world: ``new_group`` is collective over the whole world, so the ranks outside this
+    pipeline must create the same groups in the same order, which only a caller that sees
+    every pipeline of the world can arrange (``impl.mesh`` does, for its pp dimension)."""
+    _CHANNELS[_channel_key(group)] = (activations, gradients)
+
+
 def _channels(group):
     """(activation group, gradient group): two process groups over the group's ranks.
 
-    A pipeline over the whole world gets them on every backend (NCCL needs them, see the
-    module docstring; on gloo they keep the calls the same, so CPU ranks check the calls GPUs
-    make), made once by every rank (``new_group`` is collective over the world).  A pipeline
-    over a subgroup (a composed mesh) cannot make groups here without the other ranks of
-    the world: on gloo it keeps its one group; on NCCL its members make the two, which
-    ``new_group`` allows only where every rank of the world makes the same groups in the
-    same order (not yet run on more than two GPUs, where a mesh's pipelines are subgroups)."""
+    Registered ones first (``register_channels``).  A pipeline over the whole world gets
+    them on every backend (NCCL needs them, see the module docstring; on gloo they keep
+    the calls the same, so CPU ranks check the calls GPUs make), made once by every rank.
+    A pipeline over a subgroup with none registered cannot make them here without the
+    other ranks of the world: on gloo it keeps its one group; on NCCL, where one group
+    would deadlock 1F1B, it is a clear error rather than a hang."""
     if not (dist.is_available() and dist.is_initialized()):
         return group, group
+    key = _channel_key(group)
+    if key in _CHANNELS:
+        return _CHANNELS[key]
     whole_world = group is None or dist.get_world_size(group) == dist.get_world_size()
-    if not whole_world and dist.get_backend(group) != "nccl":
-        return group, group
-    world = dist.group.WORLD if group is None else group
-    ranks = tuple(dist.get_process_group_ranks(world))
-    key = (getattr(world, "group_name", None), ranks)  # not id(): a freed group's id is reused
-    if key not in _CHANNELS:
-        _CHANNELS[key] = (dist.new_group(list(ranks)), dist.new_group(list(ranks)))
+    if not whole_world:
+        if dist.get_backend(group) != "nccl":
+            return group, group
+        raise RuntimeError(
+            f"a pipeline over the subgroup {list(key[1])} of a {dist.get_world_size()}-rank world on NCCL needs two "
+            "channel groups made by every rank of the world: build its groups with impl.mesh.get_parallel_mesh, or "
+            "create them on every rank and pass them to impl.pipeline.executor.register_channels")
+    _CHANNELS[key] = (dist.new_group(list(key[1])), dist.new_group(list(key[1])))
     return _CHANNELS[key]
 
 

@@ -70,6 +70,8 @@ class ColumnParallelLinear(nn.Module):
         weight = linear.weight.detach()
         bias = None if linear.bias is None else linear.bias.detach()
         # row_permutation: the stored (full) rows are dense[perm] (a fused QKV regrouped by rank)
+        if row_permutation is not None:  # on the weight's device: FSDP broadcasts buffers over NCCL
+            row_permutation = row_permutation.to(weight.device)
         self.register_buffer("row_permutation", row_permutation, persistent=False)
         if row_permutation is not None:
             weight = weight[row_permutation]
