@@ -46,6 +46,13 @@ VARIATIONS: dict[str, tuple[str, ...]] = {
         "collectives that are not point-to-point rings at all (torch's own), declared by "
         "RING_COLLECTIVES_NOT_POINT_TO_POINT: the message checks read not applicable",
     ),
+    "gradient scaler": (
+        "how the ranks agree on an overflow: the collective's dtype and op (impl: one float32 MAX of a flag per "
+        "unscale_; an int32 SUM of counts), as long as every rank skips together",
+        "unscale_ as a division by S or a multiplication by 1/S (the same bits for a power-of-two S)",
+        "the scale held as a Python float or a tensor",
+        "first_nonfinite_gradient agreed as a MIN of the local first index or a MAX of per-parameter flags",
+    ),
     "distributed sampler": (
         "which indices pad the shares to equal lengths (torch: the start of the order again; any T - N indices of range(N))",
         "how the padded order is cut into shares (torch: every R-th position; contiguous blocks equally)",
@@ -59,6 +66,11 @@ KNOWN_GOOD: tuple[KnownGood, ...] = (
     KnownGood("ring collectives", "conformance.selftests.targets.known_good.ring_collectives_padded",
               "zero-padded equal chunks, the ring turned the other way, parity-ordered unbatched isend / irecv, "
               "shapes agreed by all_gather", _files("ring_collectives")),
+    KnownGood("gradient scaler", "conformance.adapters.torch_grad_scaler",
+              "torch.amp.GradScaler, its per-device found_inf flags agreed by one all-reduce", _files("grad_scaler")),
+    KnownGood("gradient scaler", "conformance.selftests.targets.known_good.grad_scaler_counted",
+              "a Python-float scale, gradients divided by S, an int32 count of non-finite elements summed over the group",
+              _files("grad_scaler")),
     KnownGood("distributed sampler", "conformance.adapters.torch_sampler", "torch's DistributedSampler", _files("sampler")),
     KnownGood("distributed sampler", "conformance.selftests.targets.known_good.sampler_blocks",
               "contiguous blocks, padded with the end of the order, shuffled by Python's random", _files("sampler")),

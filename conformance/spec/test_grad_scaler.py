@@ -1,7 +1,8 @@
 """Gradient scaler: fixed spec cases against ``--target`` (capability rows of the report).
 
-No course handout defines it; the contract cases pin the GradScaler contract with impl's
-bucketed DDP (``get_ddp``) at 2 ranks: exact unscale at 2^16, an Inf on rank 1 only
+No course handout defines it; the contract cases hold torch.amp.GradScaler's documented
+contract and the protocol's additions (``conformance.laws.grad_scaler.checks`` says which
+source fixes each quantity) with impl's bucketed DDP (``get_ddp``) at 2 ranks: exact unscale at 2^16, an Inf on rank 1 only
 skipping on both ranks (Adam state kept, scale halved), scaled = unscaled training over
 four steps, growth after 2 clean steps, the second unscale_, the first non-finite
 parameter, frozen and unused parameters, two optimizers, and the local rules of a scaler
@@ -59,8 +60,8 @@ def test_contract_two_optimizers_each_skip_on_their_own_gradients(target):
 
 
 def test_contract_one_process_scaler_rules(target):
-    """Without a process group: scale multiplies, step returns True/False, update backs off
-    and grows, the second unscale_ raises."""
+    """Without a process group: scale multiplies, step returns True/False (the protocol),
+    update backs off and grows, the second unscale_ raises RuntimeError (torch's contract)."""
     scaler = target.call("get_distributed_grad_scaler", init_scale=8.0, growth_interval=1)
     p = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     opt = torch.optim.SGD([p], lr=1.0)

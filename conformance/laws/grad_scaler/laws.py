@@ -9,12 +9,14 @@ A target offers
     ``first_nonfinite_gradient(model, group=None)`` -> the first parameter name whose
         gradient is non-finite on any rank, the same on every rank.
 
-Capability "gradient scaler".  No course handout: the contract tier is the GradScaler
-contract with impl's DDP wrappers at W = 2 (unscale exactness, skip agreement with
+Capability "gradient scaler".  No course handout: the contract tier is torch.amp.GradScaler's
+documented contract plus the protocol's two additions (agreement across the group, step's
+return value), with impl's DDP wrappers at W = 2 (unscale exactness, skip agreement with
 backoff, scaled = unscaled training, growth and its counter, second unscale_, the first
 non-finite parameter, two optimizers under one scaler, frozen and unused parameters drawn
-into every DDP case); the extras run FSDP, clipping to the global norm, no_sync
-accumulation, and W up to 4.
+into every DDP case); ``checks``' docstring says which source fixes each quantity, and
+that none fixes how the ranks agree (no law counts the scaler's collectives).  The extras
+run FSDP, clipping to the global norm, no_sync accumulation, and W up to 4.
 
 ``rejection(law_name, target_spec, max_examples)`` is the mutant self-test's runner.
 """
