@@ -74,6 +74,13 @@ Beyond the course, entry points of the same shape (stable: others write adapters
     ring_reduce_scatter(tensor, group=None)        -> sum.flatten().tensor_split(W)[rank]
     ring_all_reduce_alternate(tensor, group=None)  -> the sum; every rank passes the original
         chunks on and accumulates (the handout's alternate ring)
+    built from point-to-point calls (isend / irecv / send / recv / batch_isend_irecv, looked
+    up on torch.distributed at call time), each rank messaging its two ring neighbours only.
+    Declaration: a target whose collectives are not point-to-point rings (torch's own:
+    conformance.adapters.torch_collectives) sets the module attribute
+    RING_COLLECTIVES_NOT_POINT_TO_POINT = "<why>"; the checks of point-to-point messages
+    (bounds, exact formulas, NCCL-safe exchanges) then read "not applicable: <why>" where its
+    calls sent no message.  Without it, a collective that sends nothing fails them.
 
   mixed precision with data parallelism
     get_distributed_grad_scaler(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
