@@ -36,6 +36,11 @@ peers' global ranks come from ``dist.get_global_rank``).
                      first) and adds what it receives: W - 1 messages of S elements,
                      (W - 1) S per rank.
 
+These counts and sizes are this implementation's choices (the suite's extra "exact ring
+formulas"); the contract asks only for at most the ring's messages, with ring neighbours
+only, and at most these bytes plus W - 1 elements of padding a message, so a ring that pads
+its chunks or turns the other way is as correct.
+
 Time model (bandwidth term only, per phase, links of ``bandwidth`` bytes/s each way,
 latency ignored): reduce-scatter and all-gather (W - 1) / W * S_bytes / bandwidth each;
 all-reduce twice that; the alternate ring (W - 1) * S_bytes / bandwidth, W times the
