@@ -3,7 +3,8 @@
 One test per law of ``conformance.laws.context_parallel.laws``; the merge and layout laws
 run in this process, the ring laws on a live pool of rank processes (gloo on the CPU,
 world sizes 1 to 4; NCCL on GPUs, up to the number of GPUs).  A target without the entry
-points is reported "not offered".
+points is reported "not offered".  The extras (API-tier laws) are listed in
+``conformance/capabilities.py`` (``contract_except``).
 """
 
 from __future__ import annotations
@@ -48,13 +49,18 @@ def test_ring_results_do_not_depend_on_when_messages_arrive(target, device):
 
 
 @pytest.mark.distributed
-def test_the_forward_passes_w_minus_1_key_value_blocks_around_the_ring(target, device):
-    _law("forward_passes_w_minus_1_key_value_blocks_around_the_ring", target, device)
+def test_the_ring_on_a_subgroup_of_other_global_ranks_equals_full_attention(target, device):
+    _law("ring_on_a_subgroup_of_other_global_ranks_equals_full_attention", target, device)
 
 
 @pytest.mark.distributed
-def test_causal_blocks_above_the_diagonal_are_never_computed(target, device):
-    _law("causal_blocks_above_the_diagonal_are_never_computed", target, device)
+def test_the_forward_moves_no_more_than_the_other_ranks_key_value_blocks(target, device):
+    _law("forward_moves_no_more_than_the_other_ranks_key_value_blocks", target, device)
+
+
+@pytest.mark.distributed
+def test_fully_masked_causal_blocks_are_never_computed(target, device):
+    _law("fully_masked_causal_blocks_are_never_computed", target, device)
 
 
 @pytest.mark.distributed
@@ -63,9 +69,18 @@ def test_every_key_value_exchange_overlaps_a_block_computation(target, device):
 
 
 @pytest.mark.distributed
+def test_the_forward_passes_w_minus_1_key_value_blocks_around_the_ring(target, device):
+    _law("forward_passes_w_minus_1_key_value_blocks_around_the_ring", target, device)
+
+
+@pytest.mark.distributed
+def test_causal_chunk_blocks_above_the_diagonal_are_never_computed(target, device):
+    _law("causal_chunk_blocks_above_the_diagonal_are_never_computed", target, device)
+
+
+@pytest.mark.distributed
 def test_ring_matches_full_attention_in_fp16_and_bf16(target, device):
     _law("ring_matches_full_attention_in_fp16_and_bf16", target, device)
-
 
 
 @pytest.mark.distributed

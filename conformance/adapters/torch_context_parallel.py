@@ -7,13 +7,18 @@ The ring comes from ``torch.distributed.tensor.experimental._context_parallel``:
 ``_scaled_dot_product_ring_flash_attention`` (fp16/bf16) or ``..._efficient_attention``
 (fp32) forward and their backwards, on a one-dimensional DeviceMesh over the group.  torch
 lays a causal sequence out head-tail when load balancing is on (rank r holds chunks r and
-2W-1-r: our "zigzag") and contiguously when it is off; the adapter sets the option per call.
+2W-1-r: our "zigzag") and contiguously when it is off; the adapter sets the option per call,
+for causal calls only (torch refuses load balancing without the causal mask, where the key
+order does not matter: every query sees every key).
 
 CUDA only: those kernels are the flash / memory-efficient SDPA kernels, which torch builds
 for CUDA; on a machine without a GPU every entry point raises ``NeedsHardware``.  The
 layout helpers and the merge are this project's (torch exposes no stable function for them).
-torch rotates K/V with all-gather or all-to-all collectives, not point-to-point sends: the
-exchange-count and overlap laws observe point-to-point calls and will say so.
+torch rotates K/V with functional collectives (an all-gather by default, or all-to-all),
+which the communication probe does not observe: the K/V-traffic law reads "not applicable",
+and the causal-work and overlap laws, which count torch matmuls, "not run here" (the
+blocks are fused SDPA kernels).  It checks no shards across ranks (the extra "clear errors
+for bad shards").
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ class TorchRingAttention(torch.autograd.Function):
         if layout not in ("contiguous", "zigzag"):
             raise ValueError(f"unknown layout {layout!r}")
         cp = _cp()
-        cp._cp_options.enable_load_balance = layout == "zigzag"
+        cp._cp_options.enable_load_balance = layout == "zigzag" and bool(is_causal)
         mesh = _mesh(group)
         q4, k4, v4 = (_as_4d(t.contiguous()) for t in (q, k, v))
         if q.dtype == torch.float32:

@@ -2,7 +2,7 @@
 
 Every mutant is a target object offering the five context-parallel entry points (see
 ``conformance.laws.context_parallel.laws``); ``MUTANTS`` lists each with the laws that must
-reject it.  ``conformance/selftests/test_context_parallel_mutants.py`` runs them.
+reject it.  ``conformance/selftests/test_mutants.py`` runs them.
 """
 
 from __future__ import annotations
@@ -264,12 +264,24 @@ class _UnbatchedExchange(RingSchedule):
         return exchange
 
 
+class _NeighboursAsGlobalRanks(RingSchedule):
+    """Takes the group ranks of its ring neighbours for global ranks (no get_global_rank):
+    right on the default group, where the two agree; on ranks 1 and 3 of 4 it sends to
+    itself and to rank 0, which is not in the group."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.next = (self.rank + 1) % self.world_size
+        self.prev = (self.rank - 1) % self.world_size
+
+
 diagonal_block_unmasked = _target(get_ring_attention_autograd_function=_ring(_DiagonalUnmasked))
 blocks_above_the_diagonal_computed_then_masked = _target(get_ring_attention_autograd_function=_ring(_ComputesAboveDiagonal))
 one_key_value_exchange_too_many = _target(get_ring_attention_autograd_function=_ring(_ExtraExchange))
 exchange_waited_before_compute = _target(get_ring_attention_autograd_function=_ring(_NoOverlap))
 received_block_read_before_wait = _target(get_ring_attention_autograd_function=_ring(_MissingWait))
 exchanges_unbatched = _target(get_ring_attention_autograd_function=_ring(_UnbatchedExchange))
+neighbours_taken_as_global_ranks = _target(get_ring_attention_autograd_function=_ring(_NeighboursAsGlobalRanks))
 
 
 # --- ring: backward -----------------------------------------------------------------------------
@@ -389,9 +401,11 @@ MUTANTS = (
            (PARITY,), _M + "diagonal_block_unmasked"),
     Mutant("blocks_above_the_diagonal_computed_then_masked", CAPABILITY,
            "causal skip off: blocks above the diagonal are computed, fully masked, and merged as no-ops",
-           ("causal_blocks_above_the_diagonal_are_never_computed",), _M + "blocks_above_the_diagonal_computed_then_masked"),
+           ("fully_masked_causal_blocks_are_never_computed", "causal_chunk_blocks_above_the_diagonal_are_never_computed"),
+           _M + "blocks_above_the_diagonal_computed_then_masked"),
     Mutant("one_key_value_exchange_too_many", CAPABILITY, "the forward passes K/V on W times instead of W - 1",
-           ("forward_passes_w_minus_1_key_value_blocks_around_the_ring",), _M + "one_key_value_exchange_too_many"),
+           ("forward_moves_no_more_than_the_other_ranks_key_value_blocks",
+            "forward_passes_w_minus_1_key_value_blocks_around_the_ring"), _M + "one_key_value_exchange_too_many"),
     Mutant("exchange_waited_before_compute", CAPABILITY, "each exchange is waited on before the block is computed",
            ("every_key_value_exchange_overlaps_a_block_computation",), _M + "exchange_waited_before_compute"),
     Mutant("received_block_read_before_wait", CAPABILITY, "a received K/V block is read before its exchange is waited on",
@@ -407,4 +421,7 @@ MUTANTS = (
     Mutant("exchanges_unbatched", CAPABILITY,
            "each K/V exchange is an unbatched isend then irecv: right on gloo, hangs on NCCL at W = 2",
            ("point_to_point_calls_cannot_hang_on_nccl",), _M + "exchanges_unbatched"),
+    Mutant("neighbours_taken_as_global_ranks", CAPABILITY,
+           "the ring's neighbours are group ranks passed as global ranks: right only where the two agree",
+           ("ring_on_a_subgroup_of_other_global_ranks_equals_full_attention",), _M + "neighbours_taken_as_global_ranks"),
 )

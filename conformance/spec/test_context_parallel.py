@@ -1,10 +1,15 @@
 """Fixed context-parallel spec cases: the report's checks for the capability.
 
 No course handout covers ring attention, so there are no CS336 contract cases; the fixed
-cases below are the issue's contract: the merge of two partials, the two layouts and their
-RoPE positions on small sequences, ring parity with full attention at W = 1, 2 and 4 in
-both layouts with and without causal masking, and clear errors for bad input.  Each
-runs against ``--target`` through the same checks as the properties.
+cases below are the contract of the issue that asked for the capability: the merge of two
+partials, the two layouts and their RoPE positions on small sequences (the literal
+positions are the layouts' definition: Llama 3's zigzag, chunks r and 2W-1-r), ring parity
+with full attention at W = 1, 2 and 4 in both layouts with and without causal masking and
+on subgroups of four ranks, a bound on the forward's K/V traffic, and a clear error for a
+sequence that does not cut into equal chunks.  Extras (``conformance/capabilities.py``):
+Ring Attention's exact exchanges, clear errors for bad shards, NCCL-safe calls.  Each runs
+against ``--target`` through the same checks as the properties (whose docstrings name the
+source of what they pin).
 """
 
 from __future__ import annotations
@@ -66,23 +71,42 @@ def test_ring_attention_equals_full_attention(target, device, world_size, layout
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("members", [(1, 3), (0, 2, 3)], ids=["ranks_1_3", "ranks_0_2_3"])
+def test_ring_attention_on_a_subgroup_of_four_ranks_equals_full_attention(target, device, members):
+    """Group ranks 0, 1 (, 2) are other global ranks: the protocol's ``group`` argument."""
+    require_world_size(4, device)
+    layout = "zigzag" if len(members) == 2 else "contiguous"
+    checks.check_subgroup_parity(target.spec, RingCase(4, layout, True, (2,), 2, 8, torch.float32, 1.0, 15,
+                                                       members=members))
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
-def test_ring_attention_sends_w_minus_1_key_value_blocks_on_four_ranks(target, device, layout):
+def test_ring_attention_moves_no_more_than_w_minus_1_key_value_blocks_on_four_ranks(target, device, layout):
+    """A bound: no source fixes the messages (``checks.check_forward_traffic``)."""
+    require_world_size(4, device)
+    checks.check_forward_traffic(target.spec, RingCase(4, layout, True, (1,), 2, 8, torch.float32, 1.0, 20))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_ring_attention_sends_w_minus_1_key_value_blocks_to_its_ring_neighbours_on_four_ranks(target, device, layout):
+    """An extra: Ring Attention's own exchanges (``checks.check_forward_exchanges``)."""
     require_world_size(4, device)
     checks.check_forward_exchanges(target.spec, RingCase(4, layout, True, (1,), 2, 8, torch.float32, 1.0, 20))
 
 
 @pytest.mark.distributed
 def test_mismatched_shards_and_an_odd_zigzag_shard_are_clear_errors(target, device):
+    """An extra: no source asks a ring to check its shards (``checks.check_bad_input``)."""
     require_world_size(2, device)
     checks.check_bad_input(target.spec, RingCase(2, "contiguous", False, (1,), 4, 8, torch.float32, 1.0, 30))
 
 
-def test_a_sequence_that_does_not_cut_into_equal_chunks_is_a_value_error(target):
+def test_a_sequence_that_does_not_cut_into_equal_chunks_is_a_clear_error(target):
     shard = target.factory("context_parallel_shard")
-    for layout, n in (("contiguous", 7), ("zigzag", 6)):
-        with pytest.raises(ValueError):
-            shard(torch.randn(1, n, 4), 2 if layout == "contiguous" else 4, 0, layout)
+    for layout, n, world_size in (("contiguous", 7, 2), ("zigzag", 6, 4)):
+        checks.check_uneven_length_is_a_clear_error(shard, torch.randn(1, n, 4), world_size, layout)
 
 
 @pytest.mark.distributed

@@ -11,8 +11,14 @@ A target offers (documented in ``conformance/target.py`` and the README)
     ``context_parallel_positions(seq_len, world_size, rank, layout="contiguous", device=None)``.
 
 Capability "context parallel".  No course handout covers it: the contract tier is the
-issue's list (merge algebra, layouts and positions, parity with full attention in fp32,
-communication, causal work, overlap); the extra is low precision (fp16 / bf16 parity).
+list of the issue that asked for it (merge algebra, layouts and positions, parity with full
+attention in fp32, on the default group and on a subgroup, communication, causal work,
+overlap), each pinned only as far as a source fixes it (``checks``' docstrings name them:
+the protocol, Ring Attention, Llama 3's zigzag layout, torch's contracts).  Communication
+and causal work are bounds from the user's side: no more K/V traffic than the other ranks'
+blocks once each, no fully masked block computed.  Extras: Ring Attention's exact exchanges
+(W - 1 K/V blocks to the next rank), zigzag's half blocks skipped, fp16 / bf16 parity,
+NCCL-safe exchanges, and (a spec case) clear errors for bad shards.
 
 ``check_law(law, subject, device, max_examples=None, **settings)`` runs one law under
 Hypothesis; ``rejection(law_name, target_spec, max_examples)`` is the mutant self-test's
@@ -24,11 +30,12 @@ from __future__ import annotations
 import torch
 from hypothesis import settings
 
-from conformance.harness import resolve_device
+from conformance.harness import available_world_sizes, resolve_device
 from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings, check_examples
 from conformance.target import load_target
 from conformance.laws.context_parallel import checks
-from conformance.laws.context_parallel.strategies import layout_cases, merge_cases, partial_cases, ring_cases
+from conformance.laws.context_parallel.strategies import (RingCase, layout_cases, merge_cases, partial_cases, ring_cases,
+                                                          subgroup_ring_cases)
 
 CAPABILITY = "context parallel"
 
@@ -53,15 +60,24 @@ LAWS = (
     Law("ring_results_do_not_depend_on_when_messages_arrive", CAPABILITY, CONTRACT,
         cases=lambda device=None: ring_cases(device or "cpu", min_world=2), check=checks.check_ring_parity_delayed,
         needs=("2 ranks",)),
-    Law("forward_passes_w_minus_1_key_value_blocks_around_the_ring", CAPABILITY, CONTRACT,
-        cases=lambda device=None: ring_cases(device or "cpu"), check=checks.check_forward_exchanges, needs=("ranks",)),
-    Law("causal_blocks_above_the_diagonal_are_never_computed", CAPABILITY, CONTRACT,
+    Law("ring_on_a_subgroup_of_other_global_ranks_equals_full_attention", CAPABILITY, CONTRACT,
+        cases=lambda device=None: subgroup_ring_cases(device or "cpu"), check=checks.check_subgroup_parity,
+        needs=("3 ranks",)),
+    Law("forward_moves_no_more_than_the_other_ranks_key_value_blocks", CAPABILITY, CONTRACT,
+        cases=lambda device=None: ring_cases(device or "cpu"), check=checks.check_forward_traffic, needs=("ranks",)),
+    Law("fully_masked_causal_blocks_are_never_computed", CAPABILITY, CONTRACT,
         cases=lambda device=None: ring_cases(device or "cpu", min_world=2, causal=(True,)), check=checks.check_causal_work,
         needs=("2 ranks",)),
     Law("every_key_value_exchange_overlaps_a_block_computation", CAPABILITY, CONTRACT,
         cases=lambda device=None: ring_cases(device or "cpu", min_world=2).filter(
             lambda c: not c.is_causal or c.layout == "zigzag"),
         check=checks.check_overlap, needs=("2 ranks",)),
+    Law("forward_passes_w_minus_1_key_value_blocks_around_the_ring", CAPABILITY, API,
+        cases=lambda device=None: ring_cases(device or "cpu"), check=checks.check_forward_exchanges, needs=("ranks",),
+        extra="Ring Attention's exchanges"),
+    Law("causal_chunk_blocks_above_the_diagonal_are_never_computed", CAPABILITY, API,
+        cases=lambda device=None: ring_cases(device or "cpu", min_world=2, layouts=("zigzag",), causal=(True,)),
+        check=checks.check_causal_chunk_work, needs=("2 ranks",), extra="zigzag half blocks skipped"),
     Law("ring_matches_full_attention_in_fp16_and_bf16", CAPABILITY, API,
         cases=lambda device=None: ring_cases(device or "cpu", dtypes=(torch.float16, torch.bfloat16)),
         check=checks.check_ring_parity, needs=("ranks",), extra="fp16 / bf16"),
@@ -99,7 +115,34 @@ def check_law(law: Law, subject: str, device=None, max_examples: int | None = No
 
 MUTANT_SETTINGS = mutant_settings()
 
+# Cases a mutant run checks before its draws (where their ranks can run), so that no draw
+# decides a rejection: K/V blocks of 8 KiB (an extra block is more than the metadata
+# allowance), and ranks 1 and 3 of 4 (or 1 and 2 of 3), whose group ranks 0 and 1 are
+# other global ranks.
+_F32 = torch.float32
+MUTANT_EXPLICIT = {
+    "forward_moves_no_more_than_the_other_ranks_key_value_blocks": (
+        RingCase(2, "contiguous", False, (2, 2), 8, 32, _F32, 1.0, 0),),
+    "ring_on_a_subgroup_of_other_global_ranks_equals_full_attention": (
+        RingCase(4, "zigzag", True, (1,), 2, 8, _F32, 1.0, 0, members=(1, 3)),
+        RingCase(3, "contiguous", False, (1,), 2, 8, _F32, 1.0, 0, members=(1, 2))),
+}
+
+
+def _runnable_explicit(law_name: str) -> tuple:
+    top = max(available_world_sizes(resolve_device()))
+    cases = [c for c in MUTANT_EXPLICIT.get(law_name, ()) if c.world_size <= top]
+    return tuple(cases[:1])
+
 
 def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
     """The first line of ``law_name``'s failure on ``target_spec``, or None if it passes."""
-    return first_failure_line(lambda: check_law(LAWS_BY_NAME[law_name], target_spec, max_examples=max_examples, **MUTANT_SETTINGS))
+    law = LAWS_BY_NAME[law_name]
+
+    def run():
+        probe(law, target_spec)
+        for case in _runnable_explicit(law_name):
+            law.check(target_spec, case)
+        check_law(law, target_spec, max_examples=max_examples, **MUTANT_SETTINGS)
+
+    return first_failure_line(run)

@@ -6,20 +6,29 @@ calls (``isend``, ``irecv``, ``send``, ``recv``, ``batch_isend_irecv``) and coll
 in this process, and counts matmul FLOPs with a dispatch mode.  It logs, in order:
 
     ("p2p", phase, "send"|"recv", peer, nbytes)       one per point-to-point op
-    ("collective", phase, name, nbytes)
-    ("start", phase, id) / ("wait", phase, id)        a batch of point-to-point ops started,
-                                                      and first waited on
+    ("collective", phase, name, nbytes)               nbytes: what this rank takes in from
+                                                      the others (``received_bytes``)
+    ("start", phase, id, nbytes) / ("wait", phase, id)
+                                                      an exchange started (a batch of
+                                                      point-to-point ops, or a collective
+                                                      called with async_op=True; nbytes:
+                                                      its bytes sent and received), and
+                                                      first waited on
     ("flops", phase, n)                               one per matmul (torch ops only)
 
-``delayed=True`` holds every batch back until one of its requests is waited on: the
-send then reads its buffer at that moment, and a receive buffer holds NaN until then.
-An implementation may only rely on what the API promises (data is there after wait()),
-so its results must not change; reading a block before waiting on it shows up as NaN.
-Batches never waited on are started and completed when the probe exits.
+``delayed=True`` holds every exchange back until one of its requests is waited on: a
+send then reads its buffer at that moment, and a receive buffer (or an asynchronous
+gather's output) holds NaN until then.  An implementation may only rely on what the API
+promises (data is there after wait()), so its results must not change; reading a block
+before waiting on it shows up as NaN.  Exchanges never waited on are started and
+completed when the probe exits.  Calls torch makes inside a wrapped call (the deprecated
+``all_gather_into_tensor`` calls ``all_gather_single``) are logged once, as the outer call.
+Functional collectives (``torch.distributed._functional_collectives``) are not observed.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 
 import torch
@@ -32,7 +41,7 @@ from conformance.laws.p2p_hang import Op, group_name
 from conformance.target import load_target
 
 P2P_NAMES = ("isend", "irecv", "send", "recv")
-COLLECTIVE_NAMES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce_scatter_tensor",
+COLLECTIVE_NAMES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast", "reduce_scatter_tensor",
                     "all_to_all_single", "all_to_all", "reduce", "gather", "scatter", "reduce_scatter",
                     "all_gather_object", "broadcast_object_list", "barrier")
 
@@ -45,6 +54,66 @@ def _nbytes(obj) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(_nbytes(x) for x in obj)
     return 0
+
+
+def _group_rank_and_size(group) -> tuple[int, int]:
+    group = group if group is not None else dist.group.WORLD
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def received_bytes(name: str, call: dict) -> int:
+    """Bytes a collective brings this rank from the other ranks of its group (its own
+    contribution excluded); ``call`` maps the collective's parameter names to the values
+    passed.  A reduction counts the buffer it reduces into; objects and barriers count 0."""
+    group = call.get("group")
+    if name == "all_gather":
+        return _nbytes(call["tensor_list"]) - _nbytes(call["tensor"])
+    if name in ("all_gather_into_tensor", "all_gather_single"):
+        return _nbytes(call["output_tensor"]) - _nbytes(call["input_tensor"])
+    if name == "all_to_all_single":
+        out = call["output"]
+        grank, size = _group_rank_and_size(group)
+        splits = call.get("output_split_sizes")
+        own = (_nbytes(out) // max(size, 1) if not splits
+               else splits[grank] * (out[0].numel() if out.dim() and out.shape[0] else 0) * out.element_size())
+        return _nbytes(out) - own
+    if name == "all_to_all":
+        grank, _ = _group_rank_and_size(group)
+        outs = call["output_tensor_list"]
+        return _nbytes(outs) - _nbytes(outs[grank])
+    if name in ("broadcast", "scatter"):
+        src = call.get("src")
+        mine = dist.get_rank() if src is not None else _group_rank_and_size(group)[0]
+        src = src if src is not None else (call.get("group_src") or 0)
+        return 0 if src == mine else _nbytes(call["tensor"])
+    if name in ("all_reduce", "reduce"):
+        return _nbytes(call["tensor"])
+    if name == "reduce_scatter_tensor":
+        return _nbytes(call["input"]) - _nbytes(call["output"])
+    if name == "reduce_scatter":
+        return _nbytes(call["input_list"]) - _nbytes(call["output"])
+    if name == "gather":
+        return max(0, _nbytes(call.get("gather_list") or []) - _nbytes(call["tensor"]))
+    return 0
+
+
+def _written_outputs(name: str, call: dict) -> list:
+    """The tensors a gathering collective writes that hold none of its input (NaN-filled
+    while a delayed exchange has not run)."""
+    if name == "all_gather":
+        outs = list(call["tensor_list"])
+    elif name in ("all_gather_into_tensor", "all_gather_single"):
+        outs = [call["output_tensor"]]
+    elif name == "all_to_all_single":
+        outs = [call["output"]]
+    elif name == "all_to_all":
+        outs = list(call["output_tensor_list"])
+    else:
+        return []
+    inputs = [t for key in ("tensor", "input_tensor", "input") for t in [call.get(key)] if isinstance(t, torch.Tensor)]
+    inputs += [t for t in call.get("input_tensor_list") or [] if isinstance(t, torch.Tensor)]
+    storages = {t.untyped_storage().data_ptr() for t in inputs}
+    return [t for t in outs if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in storages]
 
 
 def _matmul_flops(func, args) -> int:
@@ -77,14 +146,16 @@ class _FlopLog(TorchDispatchMode):
 
 
 class _Batch:
-    """A batch of point-to-point ops; started at once, or (delayed) at its first wait."""
+    """One exchange: a batch of point-to-point ops or an asynchronous collective; started
+    at once, or (delayed) at its first wait."""
 
-    def __init__(self, probe, ops, start):
+    def __init__(self, probe, ops, start, nbytes=None):
         self.probe, self.ops, self._start = probe, ops, start
         self.id = next(probe.ids)
         self.works = None
         self.waited = False
-        probe.log.append(("start", probe.phase, self.id))
+        nbytes = sum(_nbytes(t) for _, t in ops) if nbytes is None else nbytes
+        probe.log.append(("start", probe.phase, self.id, nbytes))
         if probe.delayed:
             for op in ops:
                 if op[0] == "recv" and op[1].is_floating_point():
@@ -208,6 +279,7 @@ class Probe:
         }
         self._wrapped = wrapped
         self._inside_batch = False
+        self._inside_collective = False
         self._batching = False
         unwrap = {wrapped["isend"]: originals["isend"], wrapped["irecv"]: originals["irecv"]}
         rewrap = {originals["isend"]: wrapped["isend"], originals["irecv"]: wrapped["irecv"]}
@@ -242,10 +314,34 @@ class Probe:
 
         def make_collective(name):
             orig = originals[name]
+            try:
+                signature = inspect.signature(orig)
+            except (TypeError, ValueError):
+                signature = None
 
             def wrapped_collective(*args, **kwargs):
-                probe.log.append(("collective", probe.phase, name, _nbytes(list(args[:2]))))
-                return orig(*args, **kwargs)
+                if probe._inside_collective:  # torch's own call inside a logged one
+                    return orig(*args, **kwargs)
+                try:
+                    call = signature.bind(*args, **kwargs)
+                    call.apply_defaults()
+                    call = dict(call.arguments)
+                    nbytes = received_bytes(name, call)
+                except Exception:  # noqa: BLE001 - a call torch itself will reject
+                    call, nbytes = {}, _nbytes(list(args[:2]))
+                probe.log.append(("collective", probe.phase, name, nbytes))
+
+                def run():
+                    probe._inside_collective = True
+                    try:
+                        return orig(*args, **kwargs)
+                    finally:
+                        probe._inside_collective = False
+
+                if not call.get("async_op"):
+                    return run()
+                outputs = _written_outputs(name, call)
+                return _Request(_Batch(probe, [("recv", t) for t in outputs], lambda: [run()], nbytes))
 
             wrapped_collective.__name__ = name
             return wrapped_collective
@@ -305,15 +401,30 @@ def ring_function(target_spec: str):
     return load_target(target_spec).call("get_ring_attention_autograd_function")
 
 
+def _case_group(ctx, case):
+    """(group, this rank's place in it, its size): the default group, or the case's subgroup
+    (None when this rank is not a member).  Every rank of the pool creates the subgroup."""
+    if not case.members:
+        return None, ctx.rank, ctx.world_size
+    group = dist.new_group(list(case.members))
+    if ctx.rank not in case.members:
+        return None, None, len(case.members)
+    return group, case.members.index(ctx.rank), len(case.members)
+
+
 def rank_ring(ctx, target_spec: str, case, probe: str = "none", backward: bool = True):
     """Run the target's ring attention on this rank's shards of the case's sequence.
 
-    Returns {"O", "L", "dQ", "dK", "dV"} shards (CPU) and, with a probe, its log.
+    Returns {"O", "L", "dQ", "dK", "dV"} shards (CPU) and, with a probe, its log; a rank
+    outside the case's subgroup returns None.
     probe: "none", "observe" (log communication and FLOPs) or "delayed" (also hold every
-    point-to-point batch back until it is waited on).
+    exchange back until it is waited on).
     """
     fn = ring_function(target_spec)
-    W, r = ctx.world_size, ctx.rank
+    group, r, W = _case_group(ctx, case)
+    if r is None:
+        dist.barrier()  # the members' case ends at the same barrier
+        return None
     q, k, v, do = case.make()
     shards = [reference.shard(t, W, r, case.layout).to(ctx.device) for t in (q, k, v, do)]
     qs, ks, vs = (t.clone().requires_grad_(backward) for t in shards[:3])
@@ -325,7 +436,7 @@ def rank_ring(ctx, target_spec: str, case, probe: str = "none", backward: bool =
         if watcher is not None:
             watcher.phase = "forward"
         with torch.set_grad_enabled(backward):
-            o = fn.apply(qs, ks, vs, case.is_causal, None, case.layout)
+            o = fn.apply(qs, ks, vs, case.is_causal, group, case.layout)
         out["O"] = o.detach()
         if backward:
             out["L"] = _saved_lse(o, qs.shape).detach().clone()
@@ -341,18 +452,25 @@ def rank_ring(ctx, target_spec: str, case, probe: str = "none", backward: bool =
     if watcher is not None:
         out["log"] = watcher.log
         out["units"] = watcher.units
+    if case.members:
+        dist.barrier()
     return out
 
 
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
 def rank_mismatched_lengths(ctx, target_spec: str, n: int, d: int):
-    """Rank 0 passes a longer shard than the others: every rank must raise, naming it."""
+    """Rank 0 passes a longer shard than the others: every rank must raise, naming it.
+    Returns the error this rank raised (any exception type), or None."""
     fn = ring_function(target_spec)
     length = n + (2 if ctx.rank == 0 else 0)
     q, k, v = (torch.randn(1, length, d, device=ctx.device) for _ in range(3))
     try:
         fn.apply(q, k, v, False, None, "contiguous")
-    except (ValueError, RuntimeError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - any clear error will do; the check reads its words
+        return _error(exc)
     return None
 
 
@@ -362,6 +480,6 @@ def rank_odd_zigzag(ctx, target_spec: str):
     q, k, v = (torch.randn(1, 3, 8, device=ctx.device) for _ in range(3))
     try:
         fn.apply(q, k, v, True, None, "zigzag")
-    except ValueError as exc:
-        return f"ValueError: {exc}"
+    except Exception as exc:  # noqa: BLE001 - any clear error will do; the check reads its words
+        return _error(exc)
     return None

@@ -6,7 +6,10 @@
             (natural-log L), with an optional boolean mask of visible (query, key) pairs;
             a row that sees no key has O = 0 and L = -inf.
     rope(x, positions): rotary embedding (pairs of features rotated by position * freq).
-    allowed_pairs(...): (query, key) pairs a rank may compute under causal masking.
+    allowed_pairs(...): (query, key) pairs a rank may compute under causal masking when it
+            skips every (query chunk, key chunk) block above the diagonal;
+    shard_blocks_pairs(...): the same when it skips only the other ranks' shards that its
+            queries see nothing of (whole fully masked blocks).
 """
 
 from __future__ import annotations
@@ -93,6 +96,17 @@ def allowed_pairs(world_size: int, rank: int, layout: str, n_local: int) -> int:
         theirs = chunk_ids(world_size, src, layout)
         total += sum(c * c for qc in mine for kc in theirs if kc <= qc)
     return total
+
+
+def shard_blocks_pairs(world_size: int, rank: int, layout: str, n_local: int) -> int:
+    """Pairs a rank may compute in one causal pass when it skips only whole blocks: the
+    (its queries, rank src's keys) block for every src whose first key is not after its
+    last query.  Contiguous: ranks 0..rank (the same as ``allowed_pairs``); zigzag: every
+    rank (each shard holds a chunk from each half of the sequence)."""
+    seq_len = n_local * world_size
+    last_query = int(positions(seq_len, world_size, rank, layout).max())
+    seen = sum(1 for src in range(world_size) if int(positions(seq_len, world_size, src, layout).min()) <= last_query)
+    return seen * n_local * n_local
 
 
 def attention_magnitudes(q, k, v, grad_o, is_causal: bool, scale: float, dtype=None) -> dict[str, torch.Tensor]:

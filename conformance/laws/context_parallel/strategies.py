@@ -144,19 +144,26 @@ class RingCase:
     dtype: torch.dtype
     value_scale: float
     seed: int
+    members: tuple[int, ...] = ()  # a subgroup of these global ranks of the pool (empty: the default group)
 
     def __repr__(self):
-        return (f"RingCase(W={self.world_size}, layout={self.layout!r}, is_causal={self.is_causal}, batch={self.batch}, "
-                f"chunk={self.chunk}, N={self.seq_len}, d={self.d}, dtype={_dtype_repr(self.dtype)}, "
+        group = f", members={self.members}" if self.members else ""
+        return (f"RingCase(W={self.world_size}{group}, layout={self.layout!r}, is_causal={self.is_causal}, "
+                f"batch={self.batch}, chunk={self.chunk}, N={self.seq_len}, d={self.d}, dtype={_dtype_repr(self.dtype)}, "
                 f"value_scale={self.value_scale}, seed={self.seed})")
 
     @property
+    def group_size(self) -> int:
+        """Ranks the sequence is sharded over: the subgroup's, else the world's."""
+        return len(self.members) if self.members else self.world_size
+
+    @property
     def seq_len(self) -> int:
-        return self.chunk * self.world_size * (1 if self.layout == "contiguous" else 2)
+        return self.chunk * self.group_size * (1 if self.layout == "contiguous" else 2)
 
     @property
     def n_local(self) -> int:
-        return self.seq_len // self.world_size
+        return self.seq_len // self.group_size
 
     def make(self):
         """(q, k, v, dO) of the whole sequence in the case dtype (on the CPU), same on every rank."""
@@ -187,3 +194,25 @@ def ring_cases(draw, device="cpu", *, min_world=1, dtypes=(torch.float32,), layo
         value_scale=draw(st.sampled_from([0.5, 1.0, 3.0])),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
+
+
+SUBGROUP_WORLDS = (3, 4)  # a subgroup that is neither the world nor its first ranks needs 3 ranks at least
+
+
+def _renumbered(members) -> bool:
+    """Whether the members' group ranks differ from their global ranks (not 0, 1, ...)."""
+    return tuple(members) != tuple(range(len(members)))
+
+
+@st.composite
+def subgroup_ring_cases(draw, device="cpu"):
+    """Ring cases on a subgroup of the pool whose group ranks are not its global ranks
+    (ranks 1 and 3 of 4, say): code that confuses the two talks to the wrong ranks."""
+    pinned = pinned_world_size()
+    top = max(SUBGROUP_WORLDS[0], min(MAX_WORLD_SIZE, max(available_world_sizes(device))))
+    world = pinned if pinned is not None and pinned >= SUBGROUP_WORLDS[0] else draw(st.integers(SUBGROUP_WORLDS[0], top))
+    members = draw(st.lists(st.integers(0, world - 1), min_size=2, max_size=world - 1, unique=True)
+                   .map(lambda m: tuple(sorted(m))).filter(_renumbered))
+    case = draw(ring_cases(device, max_chunk=4))
+    return RingCase(world, case.layout, case.is_causal, case.batch, case.chunk, case.d, case.dtype, case.value_scale,
+                    case.seed, members=members)
