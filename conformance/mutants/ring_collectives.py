@@ -151,6 +151,15 @@ def _names_nothing(tensor, group, what):
         raise ValueError(f"{what}: the ranks' tensors do not agree") from None
 
 
+def _backend_collectives():
+    """torch.distributed's collectives (right values) without the declaration that they are
+    not point-to-point rings: what a "ring" that calls dist.all_reduce looks like."""
+    from conformance.adapters import torch_collectives as backend
+
+    names = ("ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "ring_all_reduce_alternate")
+    return SimpleNamespace(**{name: getattr(backend, name) for name in names})
+
+
 chunk_index_off_by_one = _target(rs=lambda c, w, r, n, p, g: _rs_chunks(c, w, r, n, p, g, send_shift=0))
 last_step_skipped = _target(rs=lambda c, w, r, n, p, g: _rs_chunks(c, w, r, n, p, g, steps=w - 2))
 own_chunk_added_twice = _target(rs=_own_twice)
@@ -163,6 +172,7 @@ input_returned_at_world_one = _target(alias_at_one=True)
 contiguous_inputs_only = _target(flat_view=True)
 all_gather_sent_to_every_rank = _target(ag="direct")
 mismatch_error_names_nothing = _target(agree=_names_nothing)
+backend_collectives_undeclared = _backend_collectives()
 
 _M = "conformance.mutants.ring_collectives:"
 _VALUES = "results_equal_torch_distributed_collectives"
@@ -198,6 +208,9 @@ MUTANTS = (
            "all-gather sends a rank's chunk straight to every other rank: right values, the ring's count and "
            "bytes, but messages with ranks that are not ring neighbours", (_BOUNDS, _EXACT),
            _M + "all_gather_sent_to_every_rank"),
+    Mutant("backend_collectives_undeclared", CAPABILITY,
+           "the backend's all_reduce / all_gather instead of a ring, without declaring RING_COLLECTIVES_NOT_POINT_TO_POINT: "
+           "right values, no point-to-point message", (_BOUNDS,), _M + "backend_collectives_undeclared"),
     Mutant("input_returned_at_world_one", CAPABILITY,
            "all-gather at W = 1 returns its input (detached), not a new tensor: a caller's later write changes both",
            (_VALUES,), _M + "input_returned_at_world_one"),

@@ -82,13 +82,14 @@ def _split(log):
 
 
 def check_message_bounds(subject: str, case: RingCase) -> None:
-    """The ring's cost, bounded from the user's side: per rank at most the ring's messages
-    (W - 1 a phase), each with one of its two ring neighbours (group ranks r +- 1, as global
-    ranks); at most the formula's bytes plus W - 1 elements of padding a message, per rank and
-    over all ranks.  Fewer messages or bytes, padded chunks, either direction: all conform.
+    """Built from point-to-point calls, within the ring's cost: a rank whose result holds
+    others' data received messages; per rank at most the ring's messages (W - 1 a phase),
+    each with one of its two ring neighbours (group ranks r +- 1, as global ranks); at most
+    the formula's bytes plus W - 1 elements of padding a message, per rank and over all
+    ranks.  Fewer messages or bytes, padded chunks, either direction: all conform.
     Source: the capability's issue (ring collectives from point-to-point calls, the ring's
-    time model) fixes the neighbours, the steps and the volume; none fixes where chunks are
-    cut, their padding or the ring's direction, hence the W - 1 elements a message."""
+    time model) fixes the messages, the neighbours, the steps and the volume; none fixes
+    where chunks are cut, their padding or the ring's direction, hence the W - 1 elements."""
     for one in _each_op(case):
         _check_bounds(one, _point_to_point_results(subject, one))
 
@@ -103,6 +104,10 @@ def _check_bounds(case: RingCase, results) -> None:
         where = f"{case.op} W={world} group rank {grank}"
         assert len(sends) <= most and len(recvs) <= most, (
             f"{where}: {len(sends)} sends and {len(recvs)} receives; a ring needs at most {most} of each")
+        assert recvs or not reference.receives_from_others(case, world, grank), (
+            f"{where}: no point-to-point message received, yet its result holds other ranks' data: ring "
+            f"collectives are built from point-to-point calls (a target whose collectives are not says so: "
+            f"{NOT_POINT_TO_POINT} = '<why>')")
         neighbours = set(r["ring"])
         strangers = sorted({m[1] for m in sends + recvs} - neighbours)
         assert not strangers, (f"{where}: messages with ranks {strangers}; a ring exchanges with its neighbours "

@@ -125,3 +125,14 @@ def bytes_bound_per_rank(case: RingCase, world: int, esize: int) -> int:
 def total_bytes_bound(case: RingCase, world: int, esize: int, n_messages: int) -> int:
     """Bytes all ranks together may send in ``n_messages`` messages: the formula plus padding."""
     return total_bytes_sent(case, world, esize) + n_messages * padding(world) * esize
+
+
+def receives_from_others(case: RingCase, world: int, group_rank: int) -> bool:
+    """Whether this rank's result holds other ranks' data, which a ring built from
+    point-to-point calls can only bring in a message: every rank at W >= 2, except a
+    reduce-scatter rank whose chunk is empty."""
+    if world < 2:
+        return False
+    if case.op == "ring_reduce_scatter":
+        return chunk_sizes(elements(case, world), world)[group_rank] > 0
+    return True
