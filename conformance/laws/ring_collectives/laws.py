@@ -21,7 +21,9 @@ Contract:
   float64 oracle for floating sums, whose order of addition no source fixes); a new tensor,
   the input unwritten (torch's out-of-place convention the issue's signatures ask for).
 - ``messages_and_bytes_per_rank_stay_within_the_ring_bounds``: bounds from the user's side.
-  That a rank exchanges messages with its two ring neighbours only is contract: the issue
+  That the data moves in point-to-point messages (a rank whose result holds other ranks'
+  data received some) and that a rank exchanges them with its two ring neighbours only is
+  contract: the issue
   asks for *ring* collectives built from point-to-point calls, and a collective whose ranks
   message anyone else is not a ring (the ring is the group's rank order, as torch numbers
   a group; which way it turns is the target's choice).  At most W - 1 messages a phase
