@@ -90,7 +90,8 @@ def _run(runner, law: str, target_spec: str, flavour: str, at_most: int | None =
 # Mutants that need more ranks than the rest of their module's: mutant name -> ranks.
 MUTANT_RANKS = {"one_group_for_both_directions": 2,  # a deadlock between two pipeline stages
                 "activations_sent_in_float32": 2,  # a buffer between two stages
-                "hybrid_replicas_not_reduced": 4}  # two replica groups of the default shard group of 2
+                "hybrid_replicas_not_reduced": 4,  # two replica groups of the default shard group of 2
+                "all_gather_sent_to_every_rank": 3}  # at two ranks the only other rank is the ring neighbour
 
 
 def _skip_unless_enough_ranks(module: str, what: str, name: str | None = None) -> None:
