@@ -12,6 +12,9 @@
 #    perf/gate/test_relative_gate.py (short sequences and a model step, against torch
 #    measured beside ours)
 # 4. distributed (only where two or more GPUs are visible): the multi-rank checks on NCCL
+# 5. distributed4 (only where four or more GPUs are visible): the distributed spec cases and
+#    the composed mesh's laws with the world size pinned to 4 (2 x 2 meshes, rings of 4,
+#    uneven shards over 4, two replica groups), contract tier only, so it fits the gate
 # Each stage's wall time is printed in the summary (perf/GATE.md records them).
 # Exits non-zero on any failure or regression, and prints a short summary last.
 set -u
@@ -50,12 +53,13 @@ last_line() { if [ -f "$1" ]; then tail -n 1 "$1"; fi; }
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
 DEFAULT_STAGES="properties conformance perf"
 [ "$NGPU" -ge 2 ] && DEFAULT_STAGES="$DEFAULT_STAGES distributed"
+[ "$NGPU" -ge 4 ] && DEFAULT_STAGES="$DEFAULT_STAGES distributed4"
 STAGES=" ${GATE_STAGES:-$DEFAULT_STAGES} "
 CORES=$(nproc); [ "$CORES" -gt 16 ] && CORES=16
 PYTEST_ARGS=${GATE_PYTEST_ARGS:--n $CORES --dist worksteal}
 SHARDS=${GATE_SHARDS:-4}
-RC_PROPS=-1; RC_CONF=-1; RC_PERF=-1; RC_DIST=-1
-T_PROPS=-; PROPS_SPLIT=""; T_CONF=-; T_PERF=-; T_DIST=-
+RC_PROPS=-1; RC_CONF=-1; RC_PERF=-1; RC_DIST=-1; RC_DIST4=-1
+T_PROPS=-; PROPS_SPLIT=""; T_CONF=-; T_PERF=-; T_DIST=-; T_DIST4=-
 # Every pytest stage logs each test as it ends (outcome, seconds, Triton compiles; a
 # failure's report): a run cut by a time limit still says what failed and where time went.
 PROGRESS=(-p perf.gate.progress_log)
@@ -126,6 +130,21 @@ if [[ "$STAGES" == *" distributed "* ]]; then
   fi
   T_DIST=$((SECONDS - T0))
 fi
+if [[ "$STAGES" == *" distributed4 "* ]]; then
+  T0=$SECONDS
+  if [ "$NGPU" -lt 4 ]; then
+    echo "gpu gate: the four-GPU stage needs four GPUs; $NGPU visible" | tee "$OUTDIR/distributed4.log"; RC_DIST4=4
+  else
+    DIST4="conformance/spec/test_ddp.py conformance/spec/test_sharded_optimizer.py conformance/spec/test_fsdp.py
+           conformance/spec/test_context_parallel.py conformance/spec/test_tensor_parallel.py conformance/spec/test_pipeline.py
+           conformance/spec/test_ring_collectives.py conformance/spec/test_grad_scaler.py conformance/spec/test_sampler.py
+           conformance/spec/test_composed.py properties/test_composed.py"
+    python3 -m pytest $DIST4 --device cuda --world-size 4 --contract-only -n 2 --hypothesis-profile ci -p no:cacheprovider \
+      -q -rs 2>&1 | tee "$OUTDIR/distributed4.log"
+    RC_DIST4=${PIPESTATUS[0]}
+  fi
+  T_DIST4=$((SECONDS - T0))
+fi
 for dir in "$OUTDIR"/progress-*/; do
   [ -d "$dir" ] && python3 -m perf.gate.progress_log "$dir" > "${dir%/}.txt" 2>&1
 done
@@ -136,8 +155,10 @@ echo "properties  (kernels $PROFILE, rest ci): $(status_of $RC_PROPS) in ${T_PRO
 echo "conformance (ci):                      $(status_of $RC_CONF) in ${T_CONF}s   $(last_line "$OUTDIR/conformance.log")"
 echo "perf (baseline ${THRESHOLD}% median; vs torch): $(status_of $RC_PERF) in ${T_PERF}s"
 [[ "$STAGES" == *" distributed "* ]] && echo "distributed (2+ GPUs, ci):            $(status_of $RC_DIST) in ${T_DIST}s   $(last_line "$OUTDIR/distributed.log")"
+[[ "$STAGES" == *" distributed4 "* ]] && echo "distributed4 (W = 4, contract, ci):   $(status_of $RC_DIST4) in ${T_DIST4}s   $(last_line "$OUTDIR/distributed4.log")"
 [ -f "$OUTDIR/perf.log" ] && { grep -E "^test_gate|FAILED|Performance has regressed|median|ratio" "$OUTDIR/perf.log" | tail -n 8 || true; }
 RC_DIST_GATE=0; [[ "$STAGES" == *" distributed "* ]] && RC_DIST_GATE=$RC_DIST
+[[ "$STAGES" == *" distributed4 "* ]] && [ $RC_DIST_GATE -eq 0 ] && RC_DIST_GATE=$RC_DIST4
 if [ $RC_PROPS -ne 0 ] || [ $RC_CONF -ne 0 ] || [ $RC_PERF -ne 0 ] || [ $RC_DIST_GATE -ne 0 ]; then
   echo "GATE: REFUSED"; exit 1
 fi
