@@ -157,10 +157,18 @@ def pytest_pyfunc_call(pyfuncitem):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
+    """A verdict raised while a fixture asks the target for its implementation (``attn``
+    calls the factory, whose lazy import may fail) reads as it would inside the check:
+    one cause, one verdict, whichever of the two met it first."""
     try:
         return (yield)
     except NotOffered as exc:
         pytest.skip(exc.reason)
+    except Exception as exc:
+        verdict = classify(exc) if "target" in getattr(item, "fixturenames", ()) else None
+        if verdict is None or (is_self_check(item.nodeid) and isinstance(verdict, NotOffered)):
+            raise
+        pytest.skip(verdict.reason)
 
 
 def pytest_sessionfinish(session, exitstatus):

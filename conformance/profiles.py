@@ -10,6 +10,9 @@
   (``conformance/selftests/test_known_good.py``): a few derandomised examples a law, since
   a correct target is asked only whether a law pins impl's design; developers run those
   targets under ``ci`` or ``dev`` when a law changes.
+- ``grade``: ``python -m conformance.grade`` (a class of repositories): ci's budget, no
+  example database, with the grader's fixed ``--hypothesis-seed``, so that every repository
+  gets the same draws and two graders get the same table.
 
 Select with ``pytest --hypothesis-profile NAME``.  Every profile prints the
 ``@reproduce_failure`` blob of a failing example; the seed is printed by Hypothesis's
@@ -35,6 +38,10 @@ PROFILES = {
     "gate": dict(max_examples=100, **_COMMON),
     "thorough": dict(max_examples=200, **_COMMON),
     "known_good": dict(max_examples=4, derandomize=True, database=None, **_COMMON),
+    # ci's budget, with no example database: no repository's run replays an example
+    # another repository (or an earlier run) failed, so each row depends on the code
+    # graded, the suite and --hypothesis-seed alone
+    "grade": dict(max_examples=12, database=None, **_COMMON),
 }
 
 

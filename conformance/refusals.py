@@ -38,6 +38,7 @@ ValueError, and a NotImplementedError there is an unclear error.
 
 from __future__ import annotations
 
+import importlib.metadata
 import linecache
 import os
 import re
@@ -166,13 +167,20 @@ def environment_refusal(exc: BaseException, seen: set | None = None) -> str | No
 
 def missing_module_refusal(exc: BaseException) -> str | None:
     """"not run here: ..." when the target's own code (an import inside a factory or a
-    check, after the target loaded) imports a module this environment lacks: the target's
-    dependencies, not its logic (its own machine has them, or its tests could not run)."""
+    check, after the target loaded) imports a module this environment lacks, or reads the
+    installed metadata of a package that is not installed: the target's dependencies, not
+    its logic (its own machine has them, or its tests could not run)."""
     if isinstance(exc, BaseExceptionGroup):
         reasons = [missing_module_refusal(e) for e in exc.exceptions]
         return reasons[0] if reasons and all(reasons) else None
     if not isinstance(exc, ModuleNotFoundError) or _raised_by_target(exc) is None:
         return None
+    if isinstance(exc, importlib.metadata.PackageNotFoundError):
+        # a subclass of ModuleNotFoundError: ``importlib.metadata.version("cs336-systems")``
+        # in the target's package, run from its folders without being pip-installed
+        return (f"not run here: the target's code reads the installed metadata of {exc.name!r} "
+                f"(importlib.metadata), which is not installed here; install the target's package "
+                f"(pip install -e), or give it metadata as python -m conformance.grade does")
     return (f"not run here: the target's code imports {exc.name!r}, which is not installed here "
             f"(ModuleNotFoundError: {exc}); install the target's dependencies")
 

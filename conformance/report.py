@@ -242,8 +242,9 @@ class ConformanceReport:
             # xdist heads a worker's report with "[gw0] linux -- Python ..."; the cause follows
             lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not re.match(r"\[gw\d+\] ", ln)]
             first = next((ln for ln in lines if ln.startswith("E ")), lines[0] if lines else "")
-            if "The above exception was the direct cause" in text:
+            if "The above exception was the direct cause" in text or "During handling of the above exception" in text:
                 # a chained failure prints its causes first: the verdict is the last exception's
+                # (importlib.metadata's PackageNotFoundError comes after its StopIteration)
                 crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
                 final = (getattr(crash, "message", "") or "").strip().splitlines()
                 first = final[0] if final else first

@@ -27,7 +27,7 @@ MECHANISMS = {
     f"conformance.{name}"
     for name in (
         "__init__", "__main__", "target", "verdicts", "refusals", "oracle", "profiles", "harness",
-        "harness_torchrun", "report", "lawbook", "capabilities", "accounting", "isolation",
+        "harness_torchrun", "report", "lawbook", "capabilities", "accounting", "isolation", "grade",
     )
 }
 TESTS = ("conformance.spec", "properties", "conformance.selftests")
@@ -40,7 +40,7 @@ def _under(module: str, packages) -> bool:
 def layer_of(module: str) -> str:
     if _under(module, ("impl",)):
         return "impl"
-    if module in MECHANISMS or module == "conformance" or _under(module, ("conformance.accounting",)):
+    if module in MECHANISMS or module == "conformance" or _under(module, ("conformance.accounting", "conformance.grading")):
         return "mechanism"
     if _under(module, ("conformance.laws",)):
         return "laws"
