@@ -19,17 +19,16 @@ Contract:
 - ``results_equal_torch_distributed_collectives``: the values torch.distributed's
   collectives give (their semantics; exactly for integer values and gathers, within the
   float64 oracle for floating sums, whose order of addition no source fixes); a new tensor,
-  the input unwritten (torch's out-of-place convention the issue's signatures ask for).
+  the input unwritten (the protocol's signatures above: ``-> new tensor``).
 - ``messages_and_bytes_per_rank_stay_within_the_ring_bounds``: bounds from the user's side.
-  That the data moves in point-to-point messages (a rank whose result holds other ranks'
-  data received some) and that a rank exchanges them with its two ring neighbours only is
-  contract: the issue
-  asks for *ring* collectives built from point-to-point calls, and a collective whose ranks
-  message anyone else is not a ring (the ring is the group's rank order, as torch numbers
-  a group; which way it turns is the target's choice).  At most W - 1 messages a phase
-  each way (the ring's steps, the issue's algorithm) and at most the formula's bytes plus
-  W - 1 elements of padding a message (the ring's volume, the issue's time model; where
-  the chunks are cut and whether they are padded no source fixes).  Fewer is never a fault.
+  Contract, because the issue asks for *ring* collectives built from point-to-point calls:
+  the data moves in point-to-point messages (a rank whose result holds other ranks' data
+  received some), and a rank exchanges them with its two ring neighbours only (the ring is
+  the group's rank order, as torch numbers a group; which way it turns is the target's
+  choice).  At most W - 1 sends and W - 1 receives a phase (the ring's steps) and at most
+  the formula's bytes plus W - 1 elements of padding a message (the ring's volume, the
+  issue's time model; where the chunks are cut and whether they are padded no source
+  fixes).  Fewer is never a fault.
 
 Extras:
 - ``messages_and_bytes_per_rank_equal_the_ring_formulas`` ("exact ring formulas"): impl's
