@@ -58,6 +58,19 @@ VARIATIONS: dict[str, tuple[str, ...]] = {
         "how the padded order is cut into shares (torch: every R-th position; contiguous blocks equally)",
         "the random source of the shuffle, as long as every rank draws the same order and each epoch another",
     ),
+    "context parallel": (
+        "how K/V reach every rank: passed around a ring either way (to group rank r + 1 or r - 1), or all-gathered "
+        "(once, or step by step); point to point or by collectives, as long as no rank takes in more than the "
+        "other ranks' K/V blocks once each and some block is computed while each exchange is in flight",
+        "K and V sent as one tensor or as two messages, batched or not",
+        "causal skipping at any granularity that skips every fully masked block: whole shard blocks (zigzag's "
+        "partly masked blocks computed whole with a mask), layout chunks (impl, torch), or tiles",
+        "the log-sum-exp merge in any numerically stable form (max-subtracted, logaddexp, sigmoid)",
+        "dK/dV summed by accumulators that travel with their K/V block, or by one reduce-scatter of every block's share",
+        "blocks on FlashAttention tiles, plain matmuls, or fused SDPA kernels (then the FLOP and overlap checks read "
+        "not run here)",
+        "a metadata check across ranks, or none (bad shards then fail the extra 'clear errors for bad shards')",
+    ),
 }
 
 KNOWN_GOOD: tuple[KnownGood, ...] = (
@@ -74,4 +87,14 @@ KNOWN_GOOD: tuple[KnownGood, ...] = (
     KnownGood("distributed sampler", "conformance.adapters.torch_sampler", "torch's DistributedSampler", _files("sampler")),
     KnownGood("distributed sampler", "conformance.selftests.targets.known_good.sampler_blocks",
               "contiguous blocks, padded with the end of the order, shuffled by Python's random", _files("sampler")),
+    KnownGood("context parallel", "conformance.adapters.torch_context_parallel",
+              "torch's experimental ring attention: K/V all-gathered by functional collectives, fused SDPA "
+              "flash / efficient blocks, head-tail load balancing", _files("context_parallel"), device="cuda"),
+    KnownGood("context parallel", "conformance.selftests.targets.known_good.context_parallel_reverse_ring",
+              "K/V passed the other way round as two messages, only whole fully masked blocks skipped (zigzag blocks "
+              "computed whole with a mask), plain matmul blocks, logaddexp merge, no metadata check",
+              _files("context_parallel")),
+    KnownGood("context parallel", "conformance.selftests.targets.known_good.context_parallel_allgather",
+              "no ring: one asynchronous all-gather of K/V overlapped with the local block, sigmoid-form merge, "
+              "dK/dV summed by one reduce-scatter", _files("context_parallel")),
 )
