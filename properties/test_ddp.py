@@ -47,9 +47,9 @@ def subject(flavour, target):
 
 
 def _applicable(law: str, subject) -> None:
-    reason = laws.not_applicable(law, *subject)
-    if reason:
-        pytest.skip(f"not offered: {reason}")
+    verdict = laws.not_applicable(law, *subject)
+    if verdict is not None:
+        pytest.skip(verdict.reason)
 
 
 @given(case=laws.training_cases())

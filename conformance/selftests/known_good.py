@@ -71,6 +71,25 @@ VARIATIONS: dict[str, tuple[str, ...]] = {
         "not run here)",
         "a metadata check across ranks, or none (bad shards then fail the extra 'clear errors for bad shards')",
     ),
+    "DDP": (
+        "when gradients are averaged: per parameter or per bucket as they become ready (overlapping backward), "
+        "or all at once after backward in on_after_backward (no hooks)",
+        "how they are packed: one all-reduce per parameter, per bucket, or over one flat buffer per dtype",
+        "the bucket layout within bucket_size_mb: reverse or forward registration order, buckets per dtype, "
+        "where a bucket closes",
+        "the order buckets are launched in, as long as every rank issues the same collectives in the same order",
+        "dividing by the world size before or after the sum (exact at two ranks), in the buffer or in .grad",
+        "a missing gradient sent as zeros with a presence count, .grad left None where no rank had one",
+        "how rank 0's parameters and buffers are broadcast at construction (per tensor, staged contiguous copies)",
+    ),
+    "sharded optimizer": (
+        "which rank owns what: whole parameters largest-first (impl, torch's), whole parameters round-robin, "
+        "or a flat slice of every parameter on every rank",
+        "how the updated parameters come back: a broadcast from each owner, or one all-gather per dtype",
+        "where the local state lives: one local optimizer_cls over the owned parameters or over slices",
+        "how many collectives a step issues and in which order",
+        "state dicts: torch's consolidate_state_dict protocol, ours, or none (those extras read not offered)",
+    ),
 }
 
 KNOWN_GOOD: tuple[KnownGood, ...] = (
@@ -97,4 +116,22 @@ KNOWN_GOOD: tuple[KnownGood, ...] = (
     KnownGood("context parallel", "conformance.selftests.targets.known_good.context_parallel_allgather",
               "no ring: one asynchronous all-gather of K/V overlapped with the local block, sigmoid-form merge, "
               "dK/dV summed by one reduce-scatter", _files("context_parallel")),
+    KnownGood("DDP", "conformance.adapters.torch_ddp",
+              "torch's DistributedDataParallel: C++ reducer, reverse-order buckets (1-byte cap for individual), "
+              "find_unused_parameters", _files("ddp")),
+    KnownGood("DDP", "conformance.selftests.targets.known_good.ddp_flat_after_backward",
+              "2026 get_ddp only: no hooks, one flat all-reduce per dtype in on_after_backward, divided afterwards",
+              _files("ddp")),
+    KnownGood("DDP", "conformance.selftests.targets.known_good.ddp_forward_order_buckets",
+              "buckets per dtype packed in forward registration order, launched last bucket first as they fill, "
+              "copied back into .grad (individual: a bucket per parameter; get_ddp: 25 MiB)", _files("ddp")),
+    KnownGood("sharded optimizer", "conformance.adapters.torch_zero",
+              "torch's ZeroRedundancyOptimizer (size-balanced whole parameters, broadcast from owners)",
+              _files("sharded_optimizer")),
+    KnownGood("sharded optimizer", "conformance.selftests.targets.known_good.sharded_optimizer_round_robin",
+              "whole parameters dealt round-robin by position, a broadcast per parameter from its owner, no state dict",
+              _files("sharded_optimizer")),
+    KnownGood("sharded optimizer", "conformance.selftests.targets.known_good.sharded_optimizer_flat_slices",
+              "a flat slice of every parameter on every rank, one all-gather per dtype, no state dict",
+              _files("sharded_optimizer")),
 )

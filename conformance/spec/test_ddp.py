@@ -23,7 +23,11 @@ def flavour(request):
 
 @pytest.mark.parametrize("case", ddp_spec.CONTRACT_CASES)
 def test_contract_case(case, flavour, target):
-    """The course's own check: the toy models trained on two ranks match one process."""
+    """The course's own check: the toy models trained on two ranks match one process;
+    rank 0's state is broadcast at wrap and the two replicas stay bit-identical.  The
+    sources of each pinned quantity: ``conformance.laws.ddp.spec.check_toy_training``.
+    The bucketed flavour runs at 1e-4 MB, 100 MB and None ("a single bucket of unbounded
+    size", the course adapter's docstring)."""
     for bucket_size_mb in BUCKET_SIZES_MB[flavour]:
         ddp_spec.run_case(case, target.spec, flavour, bucket_size_mb)
 

@@ -49,7 +49,11 @@ def _two_or_more(device):
 
 
 def test_contract_toy_model_two_ranks_adamw_matches_unsharded(target, device):
-    """CS336's case in our words: world size 2, AdamW, 5 steps, every rank = unsharded."""
+    """CS336's case in our words: world size 2, AdamW (the course's hyperparameters), 5
+    steps, every rank = unsharded, bit for bit.  Source: the course's test_sharded_optimizer
+    (assert_allclose, rtol=1e-7, atol=0); why bit-equality is that tolerance for every
+    sharding design: ``conformance.laws.zero.laws.CONTRACT_SOURCES``.  Nothing else (state
+    memory, owners, collectives) is looked at."""
     if max(available_world_sizes(device.type)) < 2:
         pytest.skip("needs 2 GPUs")
     for rank, (got, want) in enumerate(on_ranks(rank_toy_model, 2, target.spec, 5, device=device.type)):
@@ -59,8 +63,9 @@ def test_contract_toy_model_two_ranks_adamw_matches_unsharded(target, device):
 
 def test_contract_parameter_groups_with_their_own_hyperparameters_match_unsharded(target, device):
     """The handout's params may be parameter groups with their own lr and weight decay:
-    AdamW, 5 steps, three ranks where they run (two on two GPUs), every rank = unsharded.
-    (The properties' contract law draws these and world sizes 1 to 4 too.)"""
+    AdamW, 5 steps, three ranks where they run (two on two GPUs), every rank = unsharded,
+    bit for bit (sources: ``conformance.laws.zero.laws.CONTRACT_SOURCES``).  (The
+    properties' contract law draws these and world sizes 1 to 4 too.)"""
     cases.check_parameter_groups_with_their_own_hyperparameters_match_unsharded(target.spec, min(3, _two_or_more(device)), device.type)
 
 
@@ -93,6 +98,9 @@ def rank_more_ranks_than_parameters(ctx, target_spec):
 
 
 def test_more_ranks_than_parameters_some_ranks_own_nothing(target, device):
+    """An extra of whole-parameter designs: one parameter, W ranks, its state on exactly one
+    rank, the result = unsharded.  A design that slices every parameter keeps state on
+    several ranks and misses this extra only (the contract pins no owner)."""
     world_size = _two_or_more(device)
     results = on_ranks(rank_more_ranks_than_parameters, world_size, target.spec, device=device.type)
     holders = [rank for rank, (_, _, nbytes) in enumerate(results) if nbytes > 0]

@@ -6,7 +6,7 @@ import torch
 
 from conformance.harness import run_on_ranks
 from conformance.lawbook import API, Law, by_name
-from conformance.verdicts import NotOffered
+from conformance.verdicts import NotApplicable, NotOffered, Verdict
 
 from .spy import CASE_TIMEOUT_S
 from .cases import TrainingCase
@@ -26,12 +26,21 @@ def _train(target_spec: str, flavour: str, case: TrainingCase) -> list[dict]:
 
 
 def law_replicas_identical_and_match_single_process(target_spec: str, flavour: str, case: TrainingCase) -> None:
+    """Extra "random models and batch splits": broadcast at wrap, bit-identical replicas
+    and the single-process result (oracle) on random models, 1 to 4 ranks, uneven splits.
+    The contract's toy case (``spec.check_toy_training``) says where each comes from; at
+    three or more ranks, ranks that each summed in their own order could differ by a
+    rounding, which torch's DDP contract (the same averaged gradient on every process)
+    excludes and an all-reduce never does.  Counts nothing."""
     results = _train(target_spec, flavour, case)
     check_replicas(case, results)
     check_matches_single_process(case, results[0], _device())
 
 
 def law_no_sync_accumulation_equals_concatenated_batch(target_spec: str, flavour: str, case: TrainingCase) -> None:
+    """Extra "no_sync accumulation": torch's DDP no_sync() contract (no reduction inside
+    it, the next synced backward reduces the accumulated gradients); the course's
+    tests never call no_sync()."""
     results = _train(target_spec, flavour, case)
     check_no_sync_silent(results)
     check_replicas(case, results)
@@ -39,11 +48,20 @@ def law_no_sync_accumulation_equals_concatenated_batch(target_spec: str, flavour
 
 
 def law_collective_overlaps_backward(target_spec: str, flavour: str, case: TrainingCase) -> None:
+    """Extra "communication overlaps backward": the 2025 handout asks the individual and
+    bucketed wrappers to overlap communication with backward, which the course's tests
+    cannot observe.  Bounded from the user's side: at least one gradient collective
+    starts before the last gradient is ready; their number and order are not checked."""
     results = _train(target_spec, flavour, case)
     check_overlap(results)
 
 
 def law_buckets_partition_in_reverse_order(target_spec: str, flavour: str, layout_case) -> None:
+    """Extra "bucket layout", for wrappers that expose ``.buckets`` (the course defines no
+    bucket introspection): a partition of the trainable parameters within the cap (the
+    handout's bucket_size_mb), in reverse registration order, as torch's DDP builds its
+    buckets.  No course test fixes the order; a wrapper that packs in forward order
+    conforms at the contract tier and misses only this extra."""
     spec, bucket_size_mb, world, seed = layout_case
     results = run_on_ranks(layout_on_rank, world, target_spec, flavour, spec, bucket_size_mb, seed, timeout=CASE_TIMEOUT_S)
     for res in results:
@@ -68,18 +86,20 @@ def probe(target_spec: str, flavour: str) -> dict:
     return _PROBES[key]
 
 
-def not_applicable(law: str, target_spec: str, flavour: str) -> str | None:
-    """Why a law does not apply to a flavour (None: it applies).  NotOffered if the
-    flavour itself is not offered."""
+def not_applicable(law: str, target_spec: str, flavour: str) -> Verdict | None:
+    """Why a law does not run on a flavour (None: it runs): NotOffered where the wrapper
+    lacks what the law drives (no_sync(), .buckets), NotApplicable where the flavour's
+    design rightly has no such thing.  NotOffered if the flavour itself is not offered."""
     offers = probe(target_spec, flavour)
     if law == "no_sync" and not offers["no_sync"]:
-        return f"the {flavour} wrapper has no no_sync()"
+        return NotOffered(f"the {flavour} wrapper has no no_sync()")
     if law == "overlap" and flavour == "ddp2026":
-        return "get_ddp(module) takes no bucket size, so a small model may rightly be one bucket: overlap is checked on the 2025 flavours"
+        return NotApplicable("get_ddp(module) takes no bucket size, so a small model may rightly be one bucket "
+                             "reduced after backward: overlap is checked on the 2025 flavours")
     if law == "layout" and flavour == "individual":
-        return "the individual flavour has no buckets"
+        return NotApplicable("the individual flavour has no buckets")
     if law == "layout" and not offers["buckets"]:
-        return f"the {flavour} wrapper does not expose .buckets"
+        return NotOffered(f"the {flavour} wrapper does not expose .buckets")
     return None
 
 

@@ -4,7 +4,8 @@ Each case is a small, fixed situation with a known right answer; the rank-side f
 run on two ranks through ``conformance.harness`` (gloo on the CPU, NCCL on two GPUs) and
 return plain tensors; the ``check_*`` functions judge them in the test process.
 
-toy_training        A fixed toy MLP (10 -> 10 -> 50 -> 5, ReLU; optionally with a tied
+toy_training        (The contract: the course's tests, see check_toy_training.)
+                    A fixed toy MLP (10 -> 10 -> 50 -> 5, ReLU; optionally with a tied
                     pair of layers), two ranks with equal halves of each batch, per-rank
                     *mean* MSE loss (equal halves: the mean of the two means is the
                     full-batch mean), SGD, five steps in the adapter call sequence
@@ -281,6 +282,33 @@ def _single_process_toy(tied: bool, dtype: torch.dtype) -> dict:
 
 
 def check_toy_training(results: list[dict], tied: bool) -> None:
+    """The contract tier of every DDP flavour: the course's DDP tests in our words (2025:
+    test_ddp_individual_parameters.py and test_ddp.py, 2026: test_ddp.py; the toy model
+    and the tied-weight one, two ranks, SGD at lr 0.1, five steps).  What it pins, and
+    the source of each:
+
+    - right after wrapping every rank holds rank 0's initial parameters, bit for bit.
+      Course: rank 0's wrapped parameters still equal its own model's and every other
+      rank's differ from its own (torch.allclose), then validate_ddp_net_equivalence;
+      torch's DistributedDataParallel broadcasts rank 0's state at construction.  A
+      broadcast copies values: no design gets other bits.
+    - after every step rank 1's parameters equal rank 0's, bit for bit.  Course:
+      validate_ddp_net_equivalence (torch.allclose across ranks); torch's DDP contract:
+      after backward a parameter's averaged gradient is the same on every process.
+      At two ranks exactness costs no correct design anything: g0 + g1 is one float
+      whichever rank adds it in whichever order, and halving is exact, so every correct
+      average (an all-reduce of any algorithm, per parameter, per bucket or over one flat
+      buffer, an all-gather and a local sum, dividing before or after) gives both ranks
+      the same bits, and the same optimizer step keeps them equal.
+    - the final parameters match one process trained on the whole batches, within the
+      oracle (float64 reference, the float32 eager run's error as the yardstick); the
+      course asks torch.allclose after every step.
+
+    No count, size, order or timing of collectives or buckets is checked here: the
+    course's tests fix none (their bucket sizes come with the bucket counts they expect
+    in a comment only).  The bucket layout and the overlap with backward are extras
+    (``conformance.laws.ddp.laws``).
+    """
     initial = _params(_seeded(lambda: ToyMLP(tied), 100))
     for r, res in enumerate(results):
         for name, value in res["after_wrap"].items():
@@ -341,7 +369,8 @@ def check_no_sync_accumulate(results: list[dict]) -> None:
 
 
 # The CS336 DDP tests train the toy model (and the tied-weight one) on two ranks and
-# compare with one process; the other cases are this project's wider API.
+# compare with one process (check_toy_training says what that pins and why); the other
+# cases are this project's wider API.
 CONTRACT_CASES = ("toy_training", "toy_training_tied")
 
 CASES = {

@@ -106,7 +106,8 @@ def rank_optimizer_shape(ctx, target_spec):
 
 def check_parameter_groups_with_their_own_hyperparameters_match_unsharded(target_spec, world_size, device_type):
     """The handout's params may be parameter groups with their own lr and weight decay:
-    AdamW, 5 steps, every rank = unsharded."""
+    AdamW, 5 steps, every rank = unsharded, bit for bit (the contract; its sources:
+    ``conformance.laws.zero.laws.CONTRACT_SOURCES``)."""
     for rank, (got, want) in enumerate(on_ranks(rank_toy_model, world_size, target_spec, 5, True, device=device_type)):
         for i, (a, e) in enumerate(zip(got, want)):
             oracle.assert_bitwise_equal(f"W={world_size} rank {rank}, parameter {i} after 5 AdamW steps with two "
