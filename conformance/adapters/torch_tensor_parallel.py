@@ -21,8 +21,18 @@ laws.  The entry points map onto ``torch.distributed.tensor.parallel``:
                                                                RowwiseParallel, LM head ColwiseParallel
     tensor_parallel_gather_full_params / _grads                DTensor.full_tensor(), QKV rows put back
 
-The mesh is ``DeviceMesh.from_group(group or the default group)``.  Sequence parallelism
-(``sequence_parallel=True``) is not offered by this adapter.
+The mesh is ``DeviceMesh.from_group(group or the default group)``: on a group of some
+ranks of the world, a mesh of those ranks, whose coordinate is the rank in the group.
+Sequence parallelism (``sequence_parallel=True``) is not offered by this adapter.
+
+Not applicable (verdicts, never passes), where torch 2.13's DTensor cannot run a case the
+protocol allows; each is raised by the factory, on every rank alike:
+    - a vocabulary shard that is empty (ceil(V / W) (W - 1) >= V: vocabulary 4 on 3 ranks):
+      the embedding's masked lookup indexes row 0 of an empty table and loss_parallel's
+      gather indexes an empty dimension (both raise on the rank without ids);
+    - a sharded dimension of size 1 (one output feature, one input feature, d_ff = 1, all
+      only at W = 1): DTensor's sharding propagation refuses any view that flattens the
+      dimensions around it ("would remove or reshape sharded dimension").
 """
 
 from __future__ import annotations
@@ -43,10 +53,30 @@ def _device(module) -> torch.device:
     return next(module.parameters()).device
 
 
+def _decline_empty_vocabulary_shard(vocab_size: int, mesh, what: str) -> None:
+    from conformance.verdicts import NotApplicable
+
+    w = mesh.size()
+    per = -(-vocab_size // w)
+    if per * (w - 1) >= vocab_size:
+        empty = [r for r in range(w) if r * per >= vocab_size]
+        raise NotApplicable(f"torch's {what} fails on a rank whose vocabulary shard is empty: a vocabulary of {vocab_size} "
+                            f"on {w} ranks leaves rank(s) {empty} none")
+
+
+def _decline_sharded_size_one(size: int, what: str) -> None:
+    from conformance.verdicts import NotApplicable
+
+    if size == 1:
+        raise NotApplicable(f"torch's DTensor cannot reshape around a sharded dimension of size 1 ({what} = 1): its "
+                            "sharding propagation refuses the view")
+
+
 def get_column_parallel_linear(linear, group=None, gather_output=False):
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
+    _decline_sharded_size_one(linear.out_features, "out_features")
     style = ColwiseParallel(output_layouts=Replicate() if gather_output else Shard(-1))
     return parallelize_module(linear, _mesh(group, _device(linear)), style)
 
@@ -55,6 +85,7 @@ def get_row_parallel_linear(linear, group=None, input_is_parallel=True):
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
 
+    _decline_sharded_size_one(linear.in_features, "in_features")
     style = RowwiseParallel(input_layouts=Shard(-1) if input_is_parallel else Replicate())
     return parallelize_module(linear, _mesh(group, _device(linear)), style)
 
@@ -63,7 +94,9 @@ def get_vocab_parallel_embedding(embedding, group=None):
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
 
-    return parallelize_module(embedding, _mesh(group, _device(embedding)), RowwiseParallel(input_layouts=Replicate()))
+    mesh = _mesh(group, _device(embedding))
+    _decline_empty_vocabulary_shard(embedding.num_embeddings, mesh, "vocab-parallel embedding (RowwiseParallel)")
+    return parallelize_module(embedding, mesh, RowwiseParallel(input_layouts=Replicate()))
 
 
 class _LossParallel(torch.autograd.Function):
@@ -96,6 +129,7 @@ class _LossParallel(torch.autograd.Function):
 def vocab_parallel_cross_entropy(local_logits, targets, group=None, *, vocab_size=None, ignore_index=-100, reduction="mean"):
     mesh = _mesh(group, local_logits.device)
     vocab_size = vocab_size if vocab_size is not None else mesh.size() * local_logits.shape[-1]
+    _decline_empty_vocabulary_shard(vocab_size, mesh, "loss_parallel")
     loss = _LossParallel.apply(local_logits, targets, mesh, vocab_size, ignore_index, reduction)
     return loss.reshape(targets.shape) if reduction == "none" else loss
 
@@ -140,6 +174,7 @@ def get_tensor_parallel_block(block, group=None, sequence_parallel=False):
 
     if sequence_parallel:
         raise NotImplementedError("the torch adapter does not offer sequence parallelism")
+    _decline_sharded_size_one(block.mlp.up.out_features, "d_ff")
     mesh = _mesh(group, _device(block))
     block.attn = _RegroupedQKVAttention(block.attn, mesh.size())
     return parallelize_module(block, mesh, _block_plan())
@@ -153,6 +188,9 @@ def get_tensor_parallel_gpt(model, group=None, sequence_parallel=False):
         raise NotImplementedError("the torch adapter does not offer sequence parallelism")
     plan = {"tok": RowwiseParallel(input_layouts=Replicate()), "head": ColwiseParallel(output_layouts=Shard(-1))}
     mesh = _mesh(group, _device(model))
+    _decline_empty_vocabulary_shard(model.tok.num_embeddings, mesh, "vocab-parallel embedding and LM head")
+    for block in model.blocks:
+        _decline_sharded_size_one(block.mlp.up.out_features, "d_ff")
     for i, block in enumerate(model.blocks):
         block.attn = _RegroupedQKVAttention(block.attn, mesh.size())
         plan.update({f"blocks.{i}.{k}": v for k, v in _block_plan().items()})

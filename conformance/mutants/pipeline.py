@@ -138,6 +138,8 @@ def _executor_target(bug: str):
                     total = loss.detach() if total is None else total + loss.detach()
                     if bug == "loss_scaled_twice":  # BUG: divided by the count and again by m
                         out = loss / normalizer / n_microbatches
+                    elif bug == "divided_once_at_the_end_under_1f1b" and schedule == "1f1b":
+                        out = loss  # NOT A CONTRACT BUG: the gradients are divided once, after the step
                     elif bug == "mean_of_microbatch_means":  # BUG: each micro-batch normalised by its own rows
                         out = loss / ys[mb].shape[0] / n_microbatches
                     else:
@@ -159,6 +161,11 @@ def _executor_target(bug: str):
                     pending += send_tensor(x.grad if x.grad is not None else torch.zeros_like(x), prev_rank, GRADIENT, mb, group)
         for handle, _ in pending:
             handle.wait()
+        if bug == "divided_once_at_the_end_under_1f1b" and schedule == "1f1b":
+            # (sum of the micro-batch gradients) / count rounds unlike the sum of (each / count)
+            for p in stage_module.parameters():
+                if p.grad is not None:
+                    p.grad.div_(normalizer)
         return total / normalizer if last else None
 
     def get_pipeline_schedule(name, n_stages, n_microbatches):
@@ -175,11 +182,32 @@ keeps_last_activations_only = _executor_target("keeps_last_activations_only")
 grads_zeroed_each_step = _executor_target("grads_zeroed_each_step")
 mean_of_microbatch_means = _executor_target("mean_of_microbatch_means")
 activations_sent_in_float32 = _executor_target("activations_sent_in_float32")
+divided_once_at_the_end_under_1f1b = _executor_target("divided_once_at_the_end_under_1f1b")
+
+
+def _peers_by_group_rank_step(stage_module, schedule, inputs, targets, loss_fn, n_microbatches, group=None, normalizer=None):
+    """impl's executor, handed the neighbours' ranks in the group where torch.distributed's
+    ``dst``/``src`` take global ranks: right on the world, wrong on any other group."""
+    stage, n_stages, _to_global = _group_info(group)
+    plan = get_pipeline_schedule(schedule, n_stages, n_microbatches) if isinstance(schedule, str) else schedule
+    return run_actions(stage_module, plan[stage], inputs, targets, loss_fn, n_microbatches, stage=stage, n_stages=n_stages,
+                       to_global=lambda r: r,  # BUG: a group rank used as a global rank
+                       group=group, normalizer=normalizer).loss
+
+
+def get_pipeline_schedule(name, n_stages, n_microbatches):
+    from impl.pipeline import schedule
+
+    return schedule(name, n_stages, n_microbatches)
+
+
+peers_addressed_by_group_rank = SimpleNamespace(get_pipeline_schedule=get_pipeline_schedule,
+                                                pipeline_train_step=_peers_by_group_rank_step)
 
 
 # --- the list -----------------------------------------------------------------------------
 
-PARITY = "afab_and_1f1b_gradients_equal_the_dense_model_and_each_other"
+PARITY = "afab_and_1f1b_gradients_equal_the_dense_model"
 _M = "conformance.mutants.pipeline:"
 
 MUTANTS = (
@@ -192,7 +220,7 @@ MUTANTS = (
     Mutant("cool_down_one_short", CAPABILITY, "1F1B cool-down one backward short: the last micro-batch never runs backward",
            ("every_microbatch_gets_one_forward_and_one_backward_per_stage",), _M + "cool_down_one_short_target"),
     Mutant("afab_odd_stages_reverse_forwards", CAPABILITY, "AFAB with odd stages running forwards in reverse micro-batch order",
-           ("idle_fraction_is_p_minus_1_over_m_plus_p_minus_1",), _M + "afab_odd_stages_reverse_forwards_target"),
+           ("idle_fraction_is_at_most_p_minus_1_over_m_plus_p_minus_1",), _M + "afab_odd_stages_reverse_forwards_target"),
     Mutant("one_group_for_both_directions", CAPABILITY,
            "activations and gradients sent on one process group: 1F1B's steady state deadlocks on NCCL",
            ("point_to_point_calls_cannot_hang_on_nccl",), _M + "one_group_for_both_directions"),
@@ -207,5 +235,12 @@ MUTANTS = (
     Mutant("activations_sent_in_float32", CAPABILITY, "activations cross between stages as float32 whatever the model's "
            "dtype (cast back on arrival)", ("float64_stages_send_float64_and_match_the_dense_model_to_float64_precision",),
            _M + "activations_sent_in_float32"),
+    Mutant("peers_addressed_by_group_rank", CAPABILITY, "the neighbours' group ranks passed to send and receive, which take "
+           "global ranks (right on the world, wrong on a group of other ranks)",
+           ("stages_on_a_group_of_other_ranks_match_the_dense_model",), _M + "peers_addressed_by_group_rank"),
+    Mutant("divided_once_at_the_end_under_1f1b", CAPABILITY, "under 1F1B the gradients are summed unscaled and divided by "
+           "the count once after the step: right within rounding, not bit-identical to AFAB (an extra, not the contract)",
+           ("afab_and_1f1b_gradients_agree_to_the_bit_where_their_backward_orders_agree",),
+           _M + "divided_once_at_the_end_under_1f1b"),
 )
 MUTANTS_BY_NAME = {m.name: m for m in MUTANTS}

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 
 import impl
 from conformance.lawbook import Mutant
 from impl.tensor_parallel import comm
-from impl.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from impl.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _mark, _padded_rows
 from impl.tensor_parallel.model import TensorParallelAttention, TensorParallelBlock, TensorParallelGPT, TensorParallelMLP, TensorParallelRMSNorm
 
 CAPABILITY = "tensor parallelism"
@@ -126,6 +127,57 @@ class SequenceParallelByAllReduce(TensorParallelBlock):
         return comm.scatter_to_sp_region(super().forward(full), self.tp_group)
 
 
+class _SumByAllGather(torch.autograd.Function):
+    """The partial products summed by one all-gather and a local sum (right numbers, one
+    collective, but W times the bytes an all-reduce receives); backward: identity."""
+
+    @staticmethod
+    def forward(ctx, partial, group):
+        parts = [torch.empty_like(partial) for _ in range(comm.group_size(group))]
+        dist.all_gather(parts, partial.contiguous(), group=group)
+        return torch.stack(parts).sum(0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class PartialSumsAllGathered(RowParallelLinear):
+    def forward(self, x):
+        if not self.input_is_parallel:
+            x = comm.scatter_to_tp_region(x, self.tp_group)
+        y = _SumByAllGather.apply(F.linear(x, self.weight), self.tp_group)
+        return y if self.bias is None else y + self.bias
+
+
+def _world_rank_shard(n: int, group) -> tuple[int, int]:
+    # BUG: the shard of the rank's global rank, not of its rank in the group
+    return comm.shard_range(n, dist.get_rank(), comm.group_size(group))
+
+
+class ColumnByWorldRank(ColumnParallelLinear):
+    def __init__(self, linear, group=None, gather_output=False):
+        super().__init__(linear, group, gather_output)
+        self.start, self.end = _world_rank_shard(self.out_features, group)
+        self.weight = _mark(nn.Parameter(_padded_rows(linear.weight.detach(), self.start, self.end, self.rows)), 0, self.out_features)
+        if self.bias is not None:
+            self.bias = _mark(nn.Parameter(_padded_rows(linear.bias.detach(), self.start, self.end, self.rows)), 0, self.out_features)
+
+
+class RowByWorldRank(RowParallelLinear):
+    def __init__(self, linear, group=None, input_is_parallel=True):
+        super().__init__(linear, group, input_is_parallel)
+        self.start, self.end = _world_rank_shard(self.in_features, group)
+        self.weight = _mark(nn.Parameter(linear.weight.detach()[:, self.start:self.end].clone()), 1, self.in_features)
+
+
+class EmbeddingByWorldRank(VocabParallelEmbedding):
+    def __init__(self, embedding, group=None):
+        super().__init__(embedding, group)
+        self.start, self.end = _world_rank_shard(self.num_embeddings, group)
+        self.weight = _mark(nn.Parameter(_padded_rows(embedding.weight.detach(), self.start, self.end, self.rows)), 0, self.num_embeddings)
+
+
 def _block_with(attn_cls=TensorParallelAttention, mlp_cls=TensorParallelMLP, norm_cls=TensorParallelRMSNorm):
     def get_tensor_parallel_block(block, group=None, sequence_parallel=False):
         tp = TensorParallelBlock(block, group, sequence_parallel)
@@ -203,7 +255,9 @@ _SHIFT = "vocab_parallel_cross_entropy_is_invariant_to_adding_a_constant_to_all_
 _HUGE = "vocab_parallel_cross_entropy_stays_finite_for_huge_logits"
 _BLOCK = "tensor_parallel_block_matches_the_dense_block"
 _GPT = "tensor_parallel_gpt_matches_the_dense_model_over_optimizer_steps"
-_COUNT = "mlp_does_one_all_reduce_forward_and_one_backward"
+_COUNT = "mlp_and_block_do_at_most_megatrons_collectives_each_way"
+_KINDS = "mlp_does_one_all_reduce_forward_and_one_backward"
+_SUBGROUP = "every_entry_point_on_a_subgroup_shards_by_group_rank_and_matches_the_dense_module"
 _SP = "sequence_parallel_block_matches_the_dense_block"
 _SP_COUNT = "sequence_parallel_block_all_gathers_and_reduce_scatters_instead_of_all_reducing"
 _SP_GPT = "sequence_parallel_gpt_matches_the_dense_model_over_optimizer_steps"
@@ -219,6 +273,12 @@ hidden_gathered_and_split_again = MutantTarget("hidden_gathered_and_split_again"
 sp_norm_grad_not_all_reduced = MutantTarget("sp_norm_grad_not_all_reduced", get_tensor_parallel_block=_block_with(norm_cls=NormGradNotReduced),
                                             get_tensor_parallel_gpt=_gpt_with(norm_cls=NormGradNotReduced))
 sp_by_all_reduce = MutantTarget("sp_by_all_reduce", get_tensor_parallel_block=SequenceParallelByAllReduce)
+partial_sums_all_gathered = MutantTarget("partial_sums_all_gathered", get_row_parallel_linear=lambda linear, group=None, input_is_parallel=True: PartialSumsAllGathered(linear, group, input_is_parallel))
+shards_by_world_rank = MutantTarget(
+    "shards_by_world_rank",
+    get_column_parallel_linear=lambda linear, group=None, gather_output=False: ColumnByWorldRank(linear, group, gather_output),
+    get_row_parallel_linear=lambda linear, group=None, input_is_parallel=True: RowByWorldRank(linear, group, input_is_parallel),
+    get_vocab_parallel_embedding=lambda embedding, group=None: EmbeddingByWorldRank(embedding, group))
 ce_local_max = MutantTarget("ce_local_max", vocab_parallel_cross_entropy=_ce_with(global_max=False))
 ce_no_max = MutantTarget("ce_no_max", vocab_parallel_cross_entropy=_ce_with(subtract_max=False))
 ce_mean_over_owned_labels = MutantTarget("ce_mean_over_owned_labels", vocab_parallel_cross_entropy=_ce_with(count="owned"))
@@ -240,6 +300,10 @@ MUTANTS = (
     _m("qkv_rows_not_regrouped", "fused QKV split by contiguous rows: ranks get mixed Q/K/V rows", [_BLOCK, _GPT]),
     _m("hidden_gathered_and_split_again", "block MLP gathers the hidden activations and splits them again (right numbers, extra collectives)", [_COUNT]),
     _m("sp_norm_grad_not_all_reduced", "sequence parallelism: norm weight gradients left partial (not all-reduced)", [_SP, _SP_GPT]),
+    _m("partial_sums_all_gathered", "row-parallel linear sums the partial products by one all-gather and a local sum "
+       "(right numbers, one collective, not Megatron's all-reduce)", [_KINDS]),
+    _m("shards_by_world_rank", "column, row and embedding layers take the shard of the rank's global rank, not of its "
+       "rank in the group (right on the world, wrong on a subgroup)", [_SUBGROUP]),
     _m("sp_by_all_reduce", "sequence parallelism by gathering the whole sequence and all-reducing (right numbers, wrong collectives)", [_SP_COUNT]),
     _m("ce_local_max", "cross-entropy subtracts each rank's local max (not all-reduced)", [_CE]),
     _m("ce_no_max", "cross-entropy exponentiates without subtracting the max", [_SHIFT, _HUGE]),

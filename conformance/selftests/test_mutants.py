@@ -91,6 +91,8 @@ def _run(runner, law: str, target_spec: str, flavour: str, at_most: int | None =
 MUTANT_RANKS = {"one_group_for_both_directions": 2,  # a deadlock between two pipeline stages
                 "activations_sent_in_float32": 2,  # a buffer between two stages
                 "hybrid_replicas_not_reduced": 4,  # two replica groups of the default shard group of 2
+                "shards_by_world_rank": 3,  # a tensor-parallel group of ranks that are not 0..k-1
+                "peers_addressed_by_group_rank": 3,  # a pipeline over such a group
                 "all_gather_sent_to_every_rank": 3}  # at two ranks the only other rank is the ring neighbour
 
 

@@ -3,14 +3,20 @@
 No course handout defines pipeline parallelism, so there are no CS336 contract cases; the
 fixed cases below pin the issue's contract at chosen sizes: the schedule laws at named
 (p, m) pairs (m < p among them), the bubble table for p = 2, m = 1..16, the warm-up of
-1F1B, and parity with the dense model on 1, 2 and 4 ranks for an MLP stack and the
-GPT-style model; and 1F1B and AFAB steps whose point-to-point calls cannot hang on NCCL
-(W 2 and 3).  Batches divide evenly by m except in the one case named "uneven".
+1F1B and AFAB's fill-drain order, parity with the dense model on 1, 2 and 4 ranks for an
+MLP stack and the GPT-style model and on groups of ranks that are not 0..p-1; and, as
+extras, 1F1B and AFAB steps whose point-to-point calls cannot hang on NCCL (W 2 and 3) and
+AFAB and 1F1B agreeing to the bit.  Batches divide evenly by m except in the one case named
+"uneven".  Sources (``conformance/laws/pipeline/checks.py`` has them beside each check):
+the schedules are GPipe's (Huang et al. 2019: fill-drain) and 1F1B's (Narayanan et al.
+2021, section 2.2: warm-up of p - s - 1 forwards, then one forward one backward; torch's
+Schedule1F1B runs the same), the bubble bound theirs, parity the definition of a pipeline.
 """
 
 
 import pytest
 
+from conformance.harness import require_world_size
 from conformance.laws.pipeline import checks
 from conformance.laws.pipeline.strategies import PipelineCase, ScheduleCase
 
@@ -41,6 +47,9 @@ def test_bubble_for_two_stages_and_1_to_16_microbatches(name, target):
 
 @pytest.mark.parametrize("p, m", [(4, 8), (4, 2), (3, 3)])
 def test_1f1b_stage_s_runs_min_p_minus_s_m_forwards_before_its_first_backward(p, m, target):
+    """Narayanan et al. 2021 (section 2.2, PipeDream-Flush): stage s warms up with p - s - 1
+    forwards, then its steady state starts with a forward; torch's Schedule1F1B runs
+    min(m, p - s) forwards before its first backward too."""
     plan = checks.target_plan(target.spec, "1f1b", p, m)
     for s, actions in enumerate(plan):
         kinds = [k for k, _, _ in actions]
@@ -49,6 +58,7 @@ def test_1f1b_stage_s_runs_min_p_minus_s_m_forwards_before_its_first_backward(p,
 
 @pytest.mark.parametrize("p, m", [(4, 8), (4, 2)])
 def test_afab_runs_every_forward_before_any_backward(p, m, target):
+    """GPipe's fill-drain order (Huang et al. 2019; torch's ScheduleGPipe)."""
     for s, actions in enumerate(checks.target_plan(target.spec, "afab", p, m)):
         kinds = [k for k, _, _ in actions]
         assert kinds == ["F"] * m + ["B"] * m, f"stage {s}: {kinds}"
@@ -76,6 +86,24 @@ def test_afab_with_fewer_microbatches_than_stages_matches_the_dense_model(target
 
 def test_1f1b_with_fewer_microbatches_than_stages_matches_the_dense_model(target):
     checks.check_parity(target.spec, PipelineCase(4, "mlp", 5, 3, 4, 2, seed=19), names=("1f1b",))
+
+
+SUBGROUP_CASES = {
+    "ranks-1-2-of-3-m3": PipelineCase(3, "mlp", 3, 4, 6, 3, seed=23, members=(1, 2)),
+    "ranks-0-2-3-of-4-m4": PipelineCase(4, "mlp", 4, 3, 8, 4, seed=24, members=(0, 2, 3)),
+    "ranks-1-3-of-4-m1": PipelineCase(4, "mlp", 2, 3, 3, 1, seed=25, members=(1, 3)),
+}
+
+
+@pytest.mark.parametrize("key", list(SUBGROUP_CASES))
+def test_stages_on_a_group_of_other_ranks_match_the_dense_model(key, target):
+    case = SUBGROUP_CASES[key]
+    require_world_size(case.world_size)
+    checks.check_parity(target.spec, case)
+
+
+def test_afab_and_1f1b_agree_to_the_bit_at_2_ranks(target):
+    checks.check_schedules_agree_to_the_bit(target.spec, PipelineCase(2, "mlp", 4, 4, 7, 3, seed=26))
 
 
 def test_uneven_microbatches_match_the_dense_model(target):

@@ -1,9 +1,13 @@
 """Fixed tensor-parallel spec cases: the conformance job's rows for tensor parallelism.
 
 There is no course handout for tensor parallelism; the contract is this project's protocol
-(``impl/__init__.py``, tensor-parallelism section).  Each case is one fixed example of a
-law of ``conformance.laws.tensor_parallel`` at world size 2 or 4 (gloo on the CPU; on GPUs
-skipped as "needs N GPUs" where fewer are present), checked the same way.
+(``conformance/target.py``, tensor-parallelism section), whose every pinned quantity has its
+source named in ``conformance/laws/tensor_parallel/laws.py``: values are the dense module's
+(Megatron-LM section 3, torch's ``tensor.parallel``), shards follow torch's ``Shard``
+layout, the number of collectives is bounded by Megatron-LM's (their exact kinds are an
+extra).  Each case is one fixed example of a law at world size 2, 3 or 4 (gloo on the CPU;
+on GPUs skipped as "needs N GPUs" where fewer are present), checked the same way; the
+subgroup cases run each entry point on a group whose ranks are not the global ones.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import pytest
 
 from conformance.harness import require_world_size
 from conformance.laws.tensor_parallel.laws import LAWS_BY_NAME
-from conformance.laws.tensor_parallel.strategies import BlockCase, CrossEntropyCase, EmbeddingCase, LinearCase, ModelCase
+from conformance.laws.tensor_parallel.strategies import (BlockCase, CrossEntropyCase, EmbeddingCase, LinearCase, ModelCase,
+                                                          SubgroupCase)
 
 pytestmark = pytest.mark.distributed
 
@@ -92,12 +97,35 @@ def test_tensor_parallel_block_at_4_ranks(target):
     _run("tensor_parallel_block_matches_the_dense_block", target, BlockCase(4, 7, 2, 4, 8, 1, 4, False))
 
 
-def test_mlp_and_block_collective_counts_at_2_ranks(target):
+def test_mlp_and_block_do_at_most_megatrons_collectives_at_2_ranks(target):
+    _run("mlp_and_block_do_at_most_megatrons_collectives_each_way", target, BlockCase(2, 8, 4, 2, 8, 1, 3, False))
+
+
+def test_mlp_and_block_all_reduce_exactly_as_megatron_at_2_ranks(target):
     _run("mlp_does_one_all_reduce_forward_and_one_backward", target, BlockCase(2, 8, 4, 2, 8, 1, 3, False))
 
 
 def test_tensor_parallel_gpt_two_sgd_steps_at_2_ranks(target):
     _run("tensor_parallel_gpt_matches_the_dense_model_over_optimizer_steps", target, ModelCase(2, 9, 4, 2, 8, 2, 11, 1, 4, "SGD", 2, -100))
+
+
+# --- groups other than the world: group rank i is not global rank i -----------------------------
+
+_SUBGROUP = "every_entry_point_on_a_subgroup_shards_by_group_rank_and_matches_the_dense_module"
+SUBGROUP_CASES = {
+    "column-ranks-1-2-of-3": SubgroupCase(3, (1, 2), "column", LinearCase(2, 21, (2,), 4, 5, True, False)),
+    "column-gathered-ranks-0-2-of-3": SubgroupCase(3, (0, 2), "column", LinearCase(2, 22, (3,), 3, 6, True, True)),
+    "row-ranks-1-3-of-4": SubgroupCase(4, (1, 3), "row", LinearCase(2, 23, (2,), 6, 3, True, True)),
+    "embedding-ranks-1-2-of-3": SubgroupCase(3, (1, 2), "embedding", EmbeddingCase(2, 24, 7, 3, 2)),
+    "cross-entropy-ranks-1-2-3-of-4": SubgroupCase(4, (1, 2, 3), "cross_entropy", _ce(3, 10, "mean", n_ignored=2)),
+    "block-ranks-1-2-of-3": SubgroupCase(3, (1, 2), "block", BlockCase(2, 25, 2, 2, 4, 1, 3, False)),
+    "gpt-ranks-2-3-of-4": SubgroupCase(4, (2, 3), "gpt", ModelCase(2, 26, 2, 2, 4, 1, 8, 1, 3, "SGD", 1, -100)),
+}
+
+
+@pytest.mark.parametrize("key", list(SUBGROUP_CASES))
+def test_entry_point_on_a_subgroup(target, key):
+    _run(_SUBGROUP, target, SUBGROUP_CASES[key])
 
 
 # --- wider API: sequence parallelism --------------------------------------------------------------

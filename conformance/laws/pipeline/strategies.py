@@ -2,7 +2,9 @@
 
 ``ScheduleCase``: a schedule name, p stages, m micro-batches (m < p included), the time a
 forward and a backward take in the simulation.  ``PipelineCase``: a model cut into
-``world_size`` stages and a batch cut into micro-batches, for the runs on ranks.
+``world_size`` stages and a batch cut into micro-batches, for the runs on ranks; with
+``members``, into one stage per member of a process group of those global ranks (the other
+ranks of the world take no part), whose group ranks differ from their global ranks.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ class PipelineCase:
     steps: int = 1  # accumulation steps: the batch is cut into this many pipeline steps
     seq: int = 4  # gpt only
     dtype: str = "float32"  # the stages' parameters, inputs and so every activation and gradient sent
+    members: tuple = ()  # global ranks of the pipeline's group, stage i on members[i]; () the world
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.members) if self.members else self.world_size
 
 
 def schedule_cases(names=SCHEDULE_NAMES, max_stages: int = 8, max_microbatches: int = 12, costs=(1, 1)):
@@ -81,3 +88,21 @@ def pipeline_cases(draw, device, model: str = "mlp", max_microbatches: int = 6, 
         seq=draw(st.integers(1, 6)),
         dtype=dtype,
     )
+
+
+@st.composite
+def subgroup_pipeline_cases(draw, device, max_microbatches: int = 4):
+    """A pipeline over some ranks of a world of 3 or 4 (2 to W - 1 of them, not ranks
+    0..k-1, so that some group rank is not the global rank): ranks 1 and 2 of 3, 0, 2 and 3
+    of 4, ...  The pinned world size if set (fewer than 3: the law needs 3 ranks)."""
+    pinned = pinned_world_size()
+    world = pinned if pinned is not None else draw(st.integers(3, max(3, min(MAX_WORLD_SIZE, max(available_world_sizes(device))))))
+    members = ()
+    if world >= 3:
+        members = draw(st.sets(st.integers(0, world - 1), min_size=2, max_size=world - 1).map(lambda s: tuple(sorted(s)))
+                       .filter(lambda m: m != tuple(range(len(m)))))
+    k = len(members) or world
+    m = draw(st.integers(1, max_microbatches))
+    return PipelineCase(world_size=world, model="mlp", n_layers=k + draw(st.integers(0, 2)), width=draw(st.integers(2, 5)),
+                        batch=m + draw(st.integers(0, 3)), n_microbatches=m, seed=draw(st.integers(0, 2**20)),
+                        members=members)
