@@ -65,7 +65,11 @@ Communication and dtypes
     by W, and stored in the shard's ``.grad`` as fp32.  The next unit's all-gather is
     issued asynchronously when a unit starts its forward (forward order) or its backward
     (reverse order), so it overlaps the unit's compute.
-    ``finish_gradient_synchronization()`` waits for every outstanding reduction and frees
+    At most ``REDUCTIONS_IN_FLIGHT`` reductions are outstanding: issuing one completes the
+    oldest beyond that (wait, average, add to the shard's ``.grad``), which releases its
+    full-size input.  Keeping every input alive until the end of backward held a whole
+    unsharded fp32 gradient of the model at the peak, whatever W.
+    ``finish_gradient_synchronization()`` completes the outstanding reductions and frees
     whatever is still gathered; after it every gradient has its parameter's shape and
     dtype.  Replicated parameters are not cast: modules that mix them with compute-dtype
     activations must handle the dtypes as they would in a plain model (CS336's RMSNorm
@@ -105,6 +109,8 @@ import torch.nn as nn
 from . import comm
 
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+# Reductions outstanding at once: each holds its unit's full-size gradient until it is waited on.
+REDUCTIONS_IN_FLIGHT = 2
 
 
 @dataclass
@@ -444,6 +450,7 @@ class FSDP(nn.Module):
                 out = torch.empty(flat.chunk, dtype=self.reduce_dtype, device=grad.device)
                 work = comm.reduce_scatter_sum(out, grad, self.shard_group, async_op=True)
                 self._pending_reductions.append((flat, (work, grad), out, self.replicate_group is not None))
+            self._complete_oldest_reductions(REDUCTIONS_IN_FLIGHT)
         self._free(flat)
 
     def _on_replicated_grad(self, p: torch.Tensor) -> None:
@@ -452,22 +459,37 @@ class FSDP(nn.Module):
         work = comm.all_reduce_sum(p.grad, self.group, async_op=True)
         self._pending_reductions.append((p, work, None, False))
 
+    def _complete(self, target, work, out, across_replicas) -> None:
+        """Wait for one reduction and leave its averaged fp32 gradient in place."""
+        if isinstance(work, tuple):
+            work = work[0]  # (work, its input kept alive until the collective is done)
+        if work is not None:
+            work.wait()
+        if isinstance(target, _Flat):
+            if across_replicas:
+                comm.all_reduce_sum(out, self.replicate_group, async_op=False)
+            grad = self._average(out).to(torch.float32)
+            shard = target.shard
+            shard.grad = grad if shard.grad is None else shard.grad.add_(grad)
+        else:
+            self._average(target.grad)
+
+    def _complete_oldest_reductions(self, keep: int) -> None:
+        """Complete the oldest flat reductions until at most ``keep`` are outstanding (every
+        rank issues its reductions in the same order, so they complete in the same order)."""
+        flats = [i for i, entry in enumerate(self._pending_reductions) if isinstance(entry[0], _Flat)]
+        done = set(flats[: max(0, len(flats) - keep)])
+        if not done:
+            return
+        for i in sorted(done):  # in issue order
+            self._complete(*self._pending_reductions[i])
+        self._pending_reductions = [e for i, e in enumerate(self._pending_reductions) if i not in done]
+
     def finish_gradient_synchronization(self) -> None:
         """Wait for every outstanding reduction; leave averaged fp32 gradients; free all."""
         pending, self._pending_reductions = self._pending_reductions, []
-        for target, work, out, across_replicas in pending:
-            if isinstance(work, tuple):
-                work = work[0]  # (work, its input kept alive until the collective is done)
-            if work is not None:
-                work.wait()
-            if isinstance(target, _Flat):
-                if across_replicas:
-                    comm.all_reduce_sum(out, self.replicate_group, async_op=False)
-                grad = self._average(out).to(torch.float32)
-                shard = target.shard
-                shard.grad = grad if shard.grad is None else shard.grad.add_(grad)
-            else:
-                self._average(target.grad)
+        for entry in pending:
+            self._complete(*entry)
         for unit in self._units:
             for flat in unit.flats:
                 if flat.gathered or flat.pending is not None:

@@ -244,6 +244,12 @@ def check_frees_after_backward(case: FSDPCase, results: list[dict]) -> None:
     # Reductions may still be in flight (waited for in on_after_backward): their inputs, at
     # most one full fp32 gradient, are allowed on top of the rest; gathered parameters are not.
     bound = rest + 4 * n_sharded
+    # Gathered parameters get no allowance for reductions in flight (those are gradients):
+    # only a root unit may still be gathered, at most the two largest matrices (an embedding
+    # and an untied head) and the vectors, in fp32.
+    _, trainable, frozen, replicated = _unique_matrices(case)
+    sizes = sorted((p.numel() for p in trainable + frozen), reverse=True)
+    root_bound = 4 * (sum(sizes[:2]) + sum(p.numel() for p in replicated)) + SLACK_BYTES
     for r, res in enumerate(results):
         for s, rec in enumerate(res["steps"]):
             held_bytes = rec.get("bytes_after_loss_backward", 0)
@@ -251,6 +257,12 @@ def check_frees_after_backward(case: FSDPCase, results: list[dict]) -> None:
                 raise AssertionError(f"step {s} rank {r}: {held_bytes} bytes reachable when loss.backward() returned, bound {bound:.0f} "
                                      f"(at rest plus one full fp32 gradient for reductions in flight): are units kept gathered "
                                      f"after their backward?")
+            gathered = rec.get("gathered_bytes_after_loss_backward", 0)
+            if gathered > root_bound:
+                raise AssertionError(f"step {s} rank {r}: {gathered} bytes of gathered parameters (leaf tensors requiring grad, "
+                                     f"not the wrapper's own parameters) still allocated when loss.backward() returned, bound "
+                                     f"{root_bound:.0f} (a root unit of the two largest matrices and the vectors): are units kept "
+                                     f"gathered after their backward?")
             held = rec.get("full_attrs_after_loss_backward")
             if held:
                 raise AssertionError(f"step {s} rank {r}: when loss.backward() returned, full parameters were still held: {held} "

@@ -39,8 +39,27 @@ def reachable_bytes(*roots, max_depth: int = 12) -> int:
     return sum(reachable_storages(*roots, max_depth=max_depth).values())
 
 
-def reachable_storages(*roots, max_depth: int = 12) -> dict[tuple, int]:
-    """(storage address, device) -> bytes, of every storage reachable from ``roots``."""
+def gathered_parameter_bytes(model, *roots, max_depth: int = 12) -> int:
+    """Bytes of reachable leaf tensors that require grad and are not ``model``'s own
+    parameters (by storage): parameters gathered for autograd and still allocated.  Inputs
+    of reductions in flight (gradients, which require no grad) do not count."""
+    own = set()
+    for p in model.parameters():
+        try:
+            own.add(_local(p).untyped_storage().data_ptr())
+        except Exception:
+            pass
+    return sum(nbytes for (ptr, _), nbytes in reachable_storages(model, *roots, max_depth=max_depth, where=_gathered).items()
+               if ptr not in own)
+
+
+def _gathered(t: torch.Tensor) -> bool:
+    return t.is_leaf and t.requires_grad
+
+
+def reachable_storages(*roots, max_depth: int = 12, where=None) -> dict[tuple, int]:
+    """(storage address, device) -> bytes, of every storage reachable from ``roots``
+    (only tensors for which ``where(tensor)`` holds, if given)."""
     seen_obj: set[int] = set()
     storages: dict[tuple, int] = {}
     stack = [(r, 0) for r in roots]
@@ -53,7 +72,7 @@ def reachable_storages(*roots, max_depth: int = 12) -> dict[tuple, int]:
             t = _local(obj)
             try:
                 st = t.untyped_storage()
-                if st.nbytes():
+                if st.nbytes() and (where is None or where(obj)):
                     storages[(st.data_ptr(), str(t.device))] = st.nbytes()
             except Exception:
                 pass

@@ -120,6 +120,7 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
                 loss.backward()
                 if observe and last:  # every unit's backward has run: only the root may still be gathered
                     rec["bytes_after_loss_backward"] = memory.reachable_bytes(fsdp_model, optimizer)
+                    rec["gathered_bytes_after_loss_backward"] = memory.gathered_parameter_bytes(fsdp_model, optimizer)
                     rec["full_attrs_after_loss_backward"] = sorted(
                         n for n in matrices if n not in tied_names and _attr_holds_full(fsdp_model.module, n, numels[n])
                     )
