@@ -52,8 +52,19 @@ Contract
       while other ranks sit in a collective.  A rank that dies (``os._exit``, a signal) is
       a ``RankFailure`` with its exit code.  After any of these the pool is killed and
       the next call starts a fresh one; the one exception is a case where *every* rank
-      raised (a symmetric failed assertion): the ranks re-synchronise with a barrier and
-      the pool is kept, so a failing Hypothesis example does not pay for a respawn.
+      raised (a symmetric failed assertion, a verdict such as "not offered"): the ranks
+      re-synchronise with a barrier and the pool is kept, so a failing Hypothesis example
+      does not pay for a respawn.  After the first rank raises, the others get as long
+      again as it took (1 to 15 s) to raise too -- on a loaded machine ranks running the
+      same code raise seconds apart -- and no longer once every one of them sleeps (Linux:
+      blocked in a collective the raising rank will not join).
+    - Time budgets: inside ``with time_budget(seconds, what)`` (a law's budget, set by
+      ``conformance.lawbook.check_examples``) every case's timeout is cut to what is left
+      of it; a case cut so is ``LawBudgetSpent`` (a ``RankTimeout``: "undecided", with
+      where each rank was), and a case asked for once the budget is spent raises it at
+      once.  The first start of a pool of each world size is not charged to the budget
+      (a respawn after a failure is).  ``budget_left()`` tells the seconds left (None
+      outside a budget), ``pool_startup_seconds()`` the time spent starting pools.
     - Verdicts: a rank passes its exception through ``conformance.verdicts.classify``
       (inside the rank, where the traceback still has its frames); when no rank died and
       every rank that raised reached a verdict (not offered, needs hardware, an
@@ -124,8 +135,12 @@ STARTUP_TIMEOUT_S = float(os.environ.get("SUITE_HARNESS_STARTUP_TIMEOUT", "240")
 MAX_LIVE_RANKS = int(os.environ.get("SUITE_HARNESS_MAX_RANKS", "12"))
 # Environment that changes what a rank computes: a pool started under other values is replaced.
 PROPAGATED_ENV = ("SUITE_DEVICE", "SUITE_TARGET", "TRITON_INTERPRET")
-# After one rank raises, how long to wait for the others to finish too (then the pool is kept).
-_SYMMETRIC_FAILURE_GRACE_S = 1.0
+# After one rank raises, how long to wait for the others to raise too (then the pool is
+# kept): as long again as the first took, within these bounds (a fresh rank's first case
+# imports for seconds on a loaded machine, so ranks running the same code raise seconds
+# apart), and no longer once every pending rank has slept this long (blocked in a collective).
+_SYMMETRIC_FAILURE_GRACE_S = (1.0, 15.0)
+_BLOCKED_FOR_S = 0.3
 _RESYNC_TIMEOUT_S = 5.0
 _STACK_DUMP_WAIT_S = 1.0
 
@@ -206,6 +221,12 @@ class RankTimeout(AssertionError):
         super().__init__(message)
         self.case = case
         self.stuck_ranks = stuck_ranks
+
+
+class LawBudgetSpent(RankTimeout):
+    """A case cut short, or never started, because the running law's time budget
+    (``time_budget``) was spent: the law could not decide in time.  A failure ("undecided"),
+    never a pass; the message says where each rank was."""
 
 
 class NotEnoughDevices(verdicts.NeedsHardware):
@@ -485,8 +506,12 @@ def _barrier(dist, backend, rank):
 
 
 # Imported once by the fork server, so a rank starts without importing torch.  Nothing here
-# may read a suite variable at import (a Triton kernel module would fix the interpreter).
-_SERVER_PRELOAD = ["conformance.harness", "torch.distributed"]
+# may read a suite variable at import (a Triton kernel module would fix the interpreter;
+# triton itself reads TRITON_INTERPRET only when a kernel is decorated).
+# torch._inductor.config: torch.use_deterministic_algorithms imports it (and with it dynamo,
+# sympy and triton: 5 s of CPU a rank, 20 s on a loaded 2-core machine) on first use in every
+# rank that calls it; hypothesis: every laws package's strategies module imports it.
+_SERVER_PRELOAD = ["conformance.harness", "torch.distributed", "torch._inductor.config", "hypothesis"]
 
 
 def _start_context(mp):
@@ -584,7 +609,8 @@ class _Pool:
     def _collect(self, case_id: int, case: str, timeout: float, expect: str) -> "_CaseState":
         """Wait for ``expect`` from every rank; raise RankFailure/RankTimeout otherwise."""
         state = _CaseState(self.world_size)
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         while state.pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -602,7 +628,7 @@ class _Pool:
                     if rank in state.pending:
                         self._mark_dead(rank, state)
             if state.errors or state.dead:
-                self._settle_failure(state, case_id, expect, deadline)
+                self._settle_failure(state, case_id, expect, deadline, time.monotonic() - started)
                 raise self._failure(state, case, expect)
         return state
 
@@ -637,13 +663,25 @@ class _Pool:
         except (EOFError, OSError):
             pass
 
-    def _settle_failure(self, state: "_CaseState", case_id: int, expect: str, deadline: float) -> None:
-        """After a failure, give the other ranks a moment to report too (no more)."""
-        grace_end = min(deadline, time.monotonic() + _SYMMETRIC_FAILURE_GRACE_S)
+    def _settle_failure(self, state: "_CaseState", case_id: int, expect: str, deadline: float, took: float) -> None:
+        """After a failure (``took`` seconds into the case), give the other ranks as long
+        again to report too, within ``_SYMMETRIC_FAILURE_GRACE_S``, and no longer once every
+        one of them is blocked (sleeping: in a collective the raising rank will not join)."""
+        low, high = _SYMMETRIC_FAILURE_GRACE_S
+        grace_end = min(deadline, time.monotonic() + min(high, max(low, took)))
+        blocked_since = None
         while state.pending and not state.dead:
-            remaining = grace_end - time.monotonic()
+            now = time.monotonic()
+            remaining = grace_end - now
             if remaining <= 0:
                 break
+            if all(_sleeping(self.procs[rank].pid) for rank in state.pending):
+                blocked_since = blocked_since or now
+                if now - blocked_since >= _BLOCKED_FOR_S:
+                    break
+            else:
+                blocked_since = None
+            remaining = min(remaining, 0.05)
             waitables = {}
             for rank in state.pending:
                 waitables[self.conns[rank]] = ("conn", rank)
@@ -798,6 +836,16 @@ class _CaseState:
         self.phase = ["waiting for the case"] * world_size
 
 
+def _sleeping(pid: int | None) -> bool:
+    """Whether a process's main thread sleeps (Linux ``/proc``: state S), as a rank blocked
+    in a collective does; False where that cannot be read (then only the grace time counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "S"
+    except (OSError, IndexError):
+        return False
+
+
 def _indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line for line in text.rstrip().splitlines())
 
@@ -848,11 +896,13 @@ def _get_pool(world_size: int, backend: str, timeout: float) -> _Pool:
     pool = _Pool(world_size, backend, collective_timeout, env)
     pool.key = (world_size, backend, collective_timeout, env)
     _POOLS[pool.key] = pool
+    started = time.monotonic()
     try:
         pool.start()
     except BaseException:
         pool.close()
         raise
+    _charge_startup((world_size, backend), time.monotonic() - started)
     return pool
 
 
@@ -893,7 +943,8 @@ def run_on_ranks(fn: Callable, world_size: int, *args, timeout: float = 60.0, de
     ``fn`` must be a module-level function (pickled by reference); args and results must
     be picklable (tensors in results are moved to the CPU).  Raises RankFailure when a
     rank raises or dies, RankTimeout when the case takes longer than ``timeout`` seconds,
-    NotEnoughDevices when CUDA has fewer GPUs than ``world_size``.
+    LawBudgetSpent when it would outlast the ``time_budget`` it runs in, NotEnoughDevices
+    when CUDA has fewer GPUs than ``world_size``.
     """
     if not callable(fn):
         raise TypeError(f"fn must be a callable, got {type(fn).__name__}")
@@ -911,10 +962,80 @@ def run_on_ranks(fn: Callable, world_size: int, *args, timeout: float = 60.0, de
         raise TypeError(f"case {case} cannot be sent to the ranks: {type(exc).__name__}: {exc}") from exc
     with _LOCK:
         pool = _get_pool(world_size, backend_for(dev), timeout)
+        budget = _binding_budget()  # after the pool's start: a rank's startup is not the case's
+        left = None if budget is None else budget.left()
+        if left is not None and left <= 0:
+            raise LawBudgetSpent(f"undecided: the {budget.what}'s time budget of {budget.seconds:g} s was spent before case "
+                                 f"{case} started on {pool.label}", case=case)
+        cut = left is not None and left < timeout
         try:
-            return pool.run(payload, case, float(timeout))
-        except (RankFailure, RankTimeout):
-            raise  # the pool was kept or torn down as the failure required
+            return pool.run(payload, case, float(left if cut else timeout))
+        except RankTimeout as exc:
+            if not cut:
+                raise
+            raise LawBudgetSpent(
+                f"undecided: the {budget.what}'s time budget of {budget.seconds:g} s ran out while case {case} ran on "
+                f"{pool.label} (its own timeout is {timeout:g} s); where the ranks were:\n" + str(exc),
+                case=exc.case, stuck_ranks=exc.stuck_ranks) from None
+        except (RankFailure, verdicts.Verdict):
+            raise  # the pool was kept or torn down as the failure required (a verdict: as a failure)
         except BaseException:
             pool.close()  # interrupted mid-case (Ctrl-C): the ranks' state is unknown
             raise
+
+
+# --- time budgets -----------------------------------------------------------------------------
+
+class _Budget:
+    def __init__(self, seconds: float, what: str):
+        self.seconds, self.what = float(seconds), what
+        self.deadline = time.monotonic() + self.seconds
+        self.pools_started: set[tuple[int, str]] = set()
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+_BUDGETS: list[_Budget] = []  # innermost last
+_STARTUP_S = [0.0]  # seconds spent starting pools in this process
+
+
+@contextlib.contextmanager
+def time_budget(seconds: float, what: str = "law"):
+    """Inside, every case's timeout is cut to what is left of ``seconds``: a case cut so, or
+    asked for once they are spent, raises ``LawBudgetSpent`` (nested budgets: the earliest
+    end binds).  The first start of a pool of each world size inside is not charged to the
+    budget (the harness's cost, shared with whatever runs next); a pool started again after
+    its ranks failed is."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ValueError(f"a time budget must be a positive number of seconds, got {seconds!r}")
+    budget = _Budget(seconds, what)
+    _BUDGETS.append(budget)
+    try:
+        yield budget
+    finally:
+        _BUDGETS.remove(budget)
+
+
+def _charge_startup(pool_key: tuple[int, str], seconds: float) -> None:
+    _STARTUP_S[0] += seconds
+    for budget in _BUDGETS:
+        if pool_key not in budget.pools_started:
+            budget.pools_started.add(pool_key)
+            budget.deadline += seconds
+
+
+def _binding_budget() -> _Budget | None:
+    return min(_BUDGETS, key=lambda b: b.deadline) if _BUDGETS else None
+
+
+def budget_left() -> float | None:
+    """Seconds left of the binding time budget (negative once spent); None outside one."""
+    budget = _binding_budget()
+    return None if budget is None else budget.left()
+
+
+def pool_startup_seconds() -> float:
+    """Seconds this process has spent starting rank pools (what a case's wall time includes
+    when its pool had to start first)."""
+    return _STARTUP_S[0]

@@ -31,6 +31,9 @@ unbroken implementation must pass (the control).
 
 from __future__ import annotations
 
+import time
+import unittest
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -105,15 +108,157 @@ def first_failure_line(run: Callable[[], None]) -> str | None:
     return None
 
 
+# A law's wall-clock budget (check_examples): 5 s for each example the active profile asks
+# for, at least 60 s (ci: 60 s, dev: 150 s); SUITE_LAW_BUDGET_S sets it.  Issue 42: a
+# verdict within a minute in CI, whatever the target's design.
+MIN_LAW_BUDGET_S = 60.0
+LAW_BUDGET_S_PER_EXAMPLE = 5.0
+
+
+def law_budget_s() -> float:
+    """The wall-clock seconds a law may take under the active Hypothesis profile."""
+    import os
+
+    from hypothesis import settings
+
+    raw = os.environ.get("SUITE_LAW_BUDGET_S", "")
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = 0.0
+        if not value > 0:
+            raise ValueError(f"SUITE_LAW_BUDGET_S must be a positive number of seconds, got {raw!r}")
+        return value
+    return max(MIN_LAW_BUDGET_S, LAW_BUDGET_S_PER_EXAMPLE * settings().max_examples)
+
+
+class LawBudgetWarning(UserWarning):
+    """A law stopped drawing examples when its time budget ran out, every one it ran having passed."""
+
+
+class _OutOfBudget(unittest.SkipTest):
+    """Ends a Hypothesis run at once: Hypothesis re-raises a skip, and shrinks anything else."""
+
+
+class _Clock:
+    """One law's wall-clock budget over its examples (``harness.time_budget``): how long
+    they took, what failed."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.budget = None  # the harness's budget, once the law runs inside it
+        self.slowest = 0.0  # seconds of the slowest example, less any pool's start
+        self.ran = 0
+        self.first = None  # (exception, case): the first failure
+        self.last = None  # the last failure of the first one's kind: the smallest found so far
+        self._started = (0.0, 0.0)
+
+    def admit(self) -> None:
+        """Raise _OutOfBudget unless the next example fits in what is left: any time left
+        for the first, twice the slowest so far after it."""
+        from conformance.harness import pool_startup_seconds
+
+        left = self.budget.left()
+        if left <= 0 or (self.ran and left < 2 * self.slowest):
+            raise _OutOfBudget()
+        self._started = (time.monotonic(), pool_startup_seconds())
+
+    def took(self) -> None:
+        from conformance.harness import pool_startup_seconds
+
+        wall, startups = self._started
+        self.ran += 1
+        self.slowest = max(self.slowest, time.monotonic() - wall - (pool_startup_seconds() - startups))
+
+    def failed(self, exc: BaseException, case) -> None:
+        from conformance.harness import LawBudgetSpent
+
+        if self.first is None:
+            self.first = self.last = (exc, case)
+        elif type(exc) is type(self.first[0]) and not isinstance(exc, LawBudgetSpent):
+            self.last = (exc, case)  # shrinking: a case cut by the budget is not a smaller example
+
+
+class BudgetedLaw:
+    """A law whose ``check`` keeps to a wall-clock budget (issue 42): a verdict in about
+    ``seconds``, whatever the target.  Use it where a Hypothesis test calls the law::
+
+        law = BudgetedLaw(law)                  # before the test is defined
+        @given(case=law.cases())
+        def run(case):
+            law.check(subject, case)
+        law.run(run)                            # instead of run()
+
+    An example starts only while the budget has time left for it (twice the slowest so far),
+    and every case it runs on the ranks is cut to what is left (``harness.time_budget``; the
+    first start of each world size's rank pool is not charged).  So the law ends in about its
+    budget:
+
+    - no failure when the budget runs out: the examples that ran all passed; the law passes
+      with a ``LawBudgetWarning`` saying how many ran;
+    - a failure found: shrinking (and Hypothesis's explain phase) stop when the budget runs
+      out, and the failure of the smallest failing example found so far is raised, with a
+      note naming its case;
+    - a case still running when the budget runs out: ``harness.LawBudgetSpent``, a failure
+      ("undecided") saying where each rank was -- never a pass.
+
+    The Hypothesis test's own source is untouched (derandomised draws are seeded by it).
+    """
+
+    def __init__(self, law: Law, seconds: float | None = None):
+        self.law = law
+        self.name = law.name
+        self.clock = _Clock(law_budget_s() if seconds is None else seconds)
+
+    def cases(self, *args, **kwargs):
+        return self.law.cases(*args, **kwargs)
+
+    def check(self, subject, case) -> None:
+        from conformance.verdicts import Verdict
+
+        self.clock.admit()
+        try:
+            self.law.check(subject, case)
+        except Verdict:
+            raise
+        except Exception as exc:
+            self.clock.failed(exc, case)
+            raise
+        finally:
+            self.clock.took()
+
+    def run(self, hypothesis_test: Callable[[], None]) -> None:
+        from conformance import harness
+
+        clock = self.clock
+        try:
+            with harness.time_budget(clock.seconds, f"law {self.name}") as clock.budget:
+                hypothesis_test()
+        except _OutOfBudget:
+            if clock.first is not None:
+                exc, case = clock.last
+                exc.add_note(f"{self.name}: its time budget of {clock.seconds:g} s ran out after {clock.ran} example(s); "
+                             f"shrinking stopped at the smallest failing example found so far, case: {case}")
+                raise exc from None
+            warnings.warn(LawBudgetWarning(
+                f"{self.name}: {clock.ran} example(s) ran and passed before its time budget of {clock.seconds:g} s ran "
+                f"out (the slowest took {clock.slowest:.1f} s); set SUITE_LAW_BUDGET_S to draw more"), stacklevel=3)
+
+
 def check_examples(law: Law, subject, *, device=None, max_examples: int | None = None, go_on_after_verdicts: bool = False,
-                   **settings_kwargs) -> None:
-    """Check ``law`` on ``subject`` for the cases Hypothesis draws from ``law.cases(device=device)``.
+                   explicit=(), budget_s: float | None = None, **settings_kwargs) -> None:
+    """Check ``law`` on ``subject`` for the ``explicit`` cases, then those Hypothesis draws
+    from ``law.cases(device=device)``, within the law's time budget (``BudgetedLaw``;
+    ``budget_s``, default ``law_budget_s()``).
 
     ``go_on_after_verdicts``: a case the target declines (a ``conformance.verdicts.Verdict``,
     e.g. one shape it does not offer) is set aside and the other cases still run; the first
     such verdict is raised at the end, so the law as a whole is never reported as passed.
+    Otherwise a verdict ends the law at once (a verdict is a ``unittest.SkipTest``, which
+    Hypothesis does not shrink).
     """
-    from hypothesis import given, note, settings
+    from hypothesis import example, given, note, settings
 
     from conformance.verdicts import Verdict
 
@@ -126,6 +271,7 @@ def check_examples(law: Law, subject, *, device=None, max_examples: int | None =
     # raised again from memory rather than run twice (a hang would wait out its watchdog twice).
     failed: list[AssertionError] = []
     remember = "phases" in options and not any(getattr(p, "name", p) == "shrink" for p in options["phases"])
+    law = BudgetedLaw(law, budget_s)  # the test below keeps its source: derandomised draws are seeded by it
 
     @settings(**options)
     @given(case=law.cases(device=device))
@@ -144,6 +290,8 @@ def check_examples(law: Law, subject, *, device=None, max_examples: int | None =
                 failed.append(exc)
             raise
 
-    run()
+    for case in reversed(tuple(explicit)):
+        run = example(case=case)(run)
+    law.run(run)
     if declined:
         raise declined[0]

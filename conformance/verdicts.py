@@ -13,7 +13,9 @@
     TargetImportError   "target does not import: ..."  the target's module raised on import
 
 Each is an ``Exception`` subclass of ``Verdict``, whose ``reason`` is the one line a report
-shows.  Anything else a check raises is a failure.
+shows.  Anything else a check raises is a failure.  ``Verdict`` is a ``unittest.SkipTest``:
+Hypothesis re-raises a skip at once instead of shrinking it as a failure (a "not offered"
+met on the first example would otherwise be shrunk through dozens of rank-pool cases).
 
 One path for all of them.  A check raises a verdict, or raises an ordinary exception that
 ``classify`` recognises as one (``conformance.refusals`` holds the rules: a CUDA-only target
@@ -25,8 +27,10 @@ knowing what any of them means.  conftest.py turns a verdict into a skip with it
 
 from __future__ import annotations
 
+import unittest
 
-class Verdict(Exception):
+
+class Verdict(unittest.SkipTest):
     """A check that did not run here, for a stated reason (never a pass, never a fail)."""
 
     prefix = "not run here"

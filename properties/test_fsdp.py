@@ -1,8 +1,10 @@
 """FSDP laws against ``--target`` (the CS336 2026 names; the API tier also uses
 ``get_fsdp_strategy`` and ``fsdp_no_sync``).  Laws, models, reference and checks live in
 ``conformance/laws/fsdp/``; each example runs one case on a live pool of ranks (gloo on
-the CPU, world sizes 1 to 4; NCCL on GPUs).  ``test_contract_*`` are the CS336 contract
-tier (its shapes, fp32/fp16, SGD); the others are extras of the wider API."""
+the CPU, world sizes 1 to 4; NCCL on GPUs) within the law's time budget
+(``conformance.lawbook.BudgetedLaw``: 60 s under the ci profile).  ``test_contract_*``
+are the CS336 contract tier (its shapes, fp32/fp16, SGD); the others are extras of the
+wider API."""
 
 from __future__ import annotations
 
@@ -10,13 +12,14 @@ import pytest
 from hypothesis import given, settings
 
 from conformance.laws.fsdp.laws import LAWS_BY_NAME
+from conformance.lawbook import BudgetedLaw
 from conformance.profiles import examples
 
 pytestmark = pytest.mark.distributed
 
 
 def _run(law_name: str, target, max_examples: int | None = None) -> None:
-    law = LAWS_BY_NAME[law_name]
+    law = BudgetedLaw(LAWS_BY_NAME[law_name])  # a verdict in about a minute under the ci profile
 
     @given(case=law.cases())
     def run(case):
@@ -24,7 +27,7 @@ def _run(law_name: str, target, max_examples: int | None = None) -> None:
 
     if max_examples is not None:
         run = settings(max_examples=max_examples)(run)
-    run()
+    law.run(run)
 
 
 def test_contract_gathered_parameters_match_one_process_trained_on_the_whole_batch(target):

@@ -17,7 +17,7 @@ from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 from conformance.harness import available_world_sizes, pinned_world_size, resolve_device, run_on_ranks, threads_of_ranks
-from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.lawbook import API, CONTRACT, BudgetedLaw, Law, by_name
 
 from . import checks, reference
 from .rank import train_on_rank
@@ -147,23 +147,23 @@ def delay_invariance(target_spec: str, case: FSDPCase) -> None:
 # --- cases ------------------------------------------------------------------------------------
 
 
-def contract_cases():
+def contract_cases(device=None):
     return fsdp_cases(world_sizes(), computes=(None, "fp16"), contract=True)
 
 
-def memory_cases():
+def memory_cases(device=None):
     """Models of a few comparable matrices, so that a full copy of them shows above the
     bound's one-largest-parameter allowance."""
     return fsdp_cases(world_sizes(), computes=(None, "fp16"), contract=True, widths=(6, 16), depths=(2, 3))
 
 
-def deep_cases():
+def deep_cases(device=None):
     """The contract's models, 3 to 5 layers: every layer's weights held at once show well
     above two of the largest parameter."""
     return fsdp_cases(world_sizes(2), computes=(None, "fp16"), contract=True, widths=(6, 16), depths=(3, 5))
 
 
-def window_cases():
+def window_cases(device=None):
     """The contract's models, deep enough (5 to 7 layers) and wide enough that the whole
     model is more than the three layers (and the norm gains) a forward may hold gathered;
     two steps or three, so that the forward observed (the last step's) runs after a wrapper
@@ -171,38 +171,38 @@ def window_cases():
     return fsdp_cases(world_sizes(2), computes=(None, "fp16"), contract=True, widths=(6, 16), depths=(3, 5), steps=(2, 3))
 
 
-def wide_cases():
+def wide_cases(device=None):
     return fsdp_cases(world_sizes(), computes=(None, "fp16", "bf16"), ties=True, freezes=True)
 
 
-def strategy_cases():
+def strategy_cases(device=None):
     strategies = fsdp_cases(world_sizes(), strategies=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"), freezes=True)
     return strategies.map(lambda c: c.with_(eval_forward=True))
 
 
-def full_shard_cases():
+def full_shard_cases(device=None):
     return fsdp_cases(world_sizes(2), strategies=("FULL_SHARD",), widths=(6, 16), depths=(2, 3))
 
 
-def low_precision_cases():
+def low_precision_cases(device=None):
     return fsdp_cases(world_sizes(2), computes=("fp16", "bf16"))
 
 
-def evaluation_cases():
+def evaluation_cases(device=None):
     """get_fsdp's models, then one forward under torch.no_grad; frozen layers too (their
     matrices have no gradient whose hook could free them)."""
     return fsdp_cases(world_sizes(2), widths=(6, 16), depths=(2, 3), freezes=True).map(lambda c: c.with_(eval_forward=True))
 
 
-def invariance_cases():
+def invariance_cases(device=None):
     return fsdp_cases(world_sizes(), computes=(None, "bf16"), strategies=("FULL_SHARD",), steps=(1, 2))
 
 
-def delay_cases():
+def delay_cases(device=None):
     return fsdp_cases(world_sizes(2), delay=True, steps=(1, 2))
 
 
-def accumulation_cases():
+def accumulation_cases(device=None):
     return fsdp_cases(world_sizes(), strategies=("FULL_SHARD", "SHARD_GRAD_OP"), micro=(2, 3), steps=(1, 2))
 
 
@@ -229,7 +229,10 @@ LAWS_BY_NAME = by_name(LAWS)
 
 
 def run_law(law: Law, target_spec: str, explicit=(), **settings_kwargs) -> None:
-    """``law`` under Hypothesis against ``target_spec``, the ``explicit`` cases first."""
+    """``law`` under Hypothesis against ``target_spec``, the ``explicit`` cases first, within
+    the law's time budget (``conformance.lawbook.BudgetedLaw``)."""
+    law = BudgetedLaw(law)  # the test below keeps its source: derandomised draws are seeded by it
+
     @settings(**settings_kwargs)
     @given(case=law.cases())
     def run(case):
@@ -237,7 +240,7 @@ def run_law(law: Law, target_spec: str, explicit=(), **settings_kwargs) -> None:
 
     for case in reversed(explicit):
         run = example(case=case)(run)
-    run()
+    law.run(run)
 
 
 # Cases a mutant run checks before its draws where the ranks they need can run, so that no
