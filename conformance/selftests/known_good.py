@@ -35,6 +35,18 @@ def _files(stem: str) -> tuple[str, ...]:
 
 # capability -> the legitimate design choices the contract tier must accept
 VARIATIONS: dict[str, tuple[str, ...]] = {
+    "FSDP": (
+        "how a rank's shard is laid out: one flat buffer per unit padded to a multiple of W (impl), dim-0 shards of "
+        "each parameter (torch's fully_shard), any padding (the partition compares nonzero values)",
+        "which modules form a unit (each Linear and Embedding, larger groups) and where a tied weight lives",
+        "how a freed unit comes back for backward: gathered again before its backward (impl, torch), or when "
+        "autograd unpacks a saved weight through saved-tensor hooks; prefetched or gathered on demand",
+        "the gradient reduction: a reduce-scatter waited for in backward or in fsdp_on_after_backward, synchronous "
+        "or asynchronous, dividing by W before or after the sum (exact at two ranks)",
+        "replicated (norm) gradients all-reduced per parameter or together, as long as every rank gets the same bits",
+        "integer or boolean collectives of its own in forward (metadata): only floating-point data is parameters",
+        "the CS336 2026 names only (no get_fsdp_strategy, no fsdp_no_sync): those extras read not offered",
+    ),
     "ring collectives": (
         "where the chunks are cut, and zero-padding them to equal messages (at most W - 1 elements a message over "
         "the formula's bytes)",
@@ -93,6 +105,13 @@ VARIATIONS: dict[str, tuple[str, ...]] = {
 }
 
 KNOWN_GOOD: tuple[KnownGood, ...] = (
+    KnownGood("FSDP", "conformance.adapters.torch_fsdp",
+              "torch's fully_shard (FSDP2) on each Linear / Embedding, DTensor dim-0 shards, MixedPrecisionPolicy with "
+              "an fp32 reduce dtype, norm gains all-reduced in on_after_backward", _files("fsdp")),
+    KnownGood("FSDP", "conformance.selftests.targets.known_good.fsdp_flat",
+              "CS336 2026 names only: flat padded shards per module, gathered in the compute dtype by an autograd "
+              "Function, no prefetch, re-gathered in backward through saved-tensor hooks, synchronous fp32 "
+              "reduce-scatter", _files("fsdp")),
     KnownGood("ring collectives", "conformance.adapters.torch_collectives",
               "torch.distributed's all_reduce and all_gather (not point-to-point: declared)", _files("ring_collectives")),
     KnownGood("ring collectives", "conformance.selftests.targets.known_good.ring_collectives_padded",

@@ -1,11 +1,31 @@
 """FSDP spec cases: CS336 2026's fixed cases (its toy model with norms, fp32 and fp16,
 W = 2, SGD lr 0.01, batch 20 x 8, three steps), then wider fixed cases.
 
-CS336's own fp32 case asks ``torch.equal`` against one process on the whole batch; the
-batch split reorders the weight-gradient sums, so a correct FSDP can miss that by one
-rounding.  Here the reference applies the ranks' reduction order (per-rank gradients
-summed in rank order, then divided), bit for bit in fp32; fp16 is judged by the oracle
-against the same-casts reference and a float64 twin.
+What the course's tests (CS336 2026 ``tests/test_fsdp.py``) expect, the sources the laws'
+docstrings cite:
+
+- ``test_fsdp_correctness`` (fp32 and fp16, W = 2, gloo): ``get_fsdp(deepcopy(base_model),
+  compute_dtype=...)``, SGD(lr=0.01) on ``fsdp_model.parameters()``, three steps of
+  ``fsdp_on_after_backward`` then ``optimizer.step()``; after each,
+  ``fsdp_gather_full_params(fsdp_model)[name]`` for every name of the one-process model's
+  ``named_parameters()`` must be ``allclose`` to it (fp32: atol 1e-6, rtol 1e-4; fp16:
+  1e-4 against a baseline whose Linear/Embedding weights are cast to the compute dtype for
+  forward and backward, "keep master weights and optimizer updates in fp32").
+- ``test_fsdp_gradient_sync``: after ``fsdp_on_after_backward``, "every parameter must have
+  a gradient matching its data shape and in the master weight dtype (fp32), regardless of
+  compute_dtype" (``fsdp_model.module.named_parameters()``), and "Replicated (non-FSDP)
+  parameter gradients must be identical across ranks" (the parameters of modules other
+  than Linear and Embedding).
+- Both run under ``torch.use_deterministic_algorithms(True)`` and
+  ``filterwarnings("error")``.  The handout adds the memory and communication rules the
+  laws bound (shards at rest, gather in the compute dtype, gather a layer only once the
+  layer two before it has finished its forward); it fixes no byte or message count.
+
+The course's fp32 case compares with one process on the whole batch; the batch split
+reorders the weight-gradient sums, so a correct FSDP can miss by one rounding.  Here the
+reference applies the ranks' reduction order (per-rank gradients summed in rank order,
+then divided), bit for bit in fp32; fp16 is judged by the oracle against the same-casts
+reference and a float64 twin.
 """
 
 from __future__ import annotations
