@@ -26,6 +26,7 @@ import torch
 from conformance.harness import resolve_device
 
 from conformance import oracle
+from conformance.verdicts import NotApplicable
 
 from . import model as models
 from .strategies import FSDPCase, optimizer_state_bytes_per_element
@@ -264,9 +265,15 @@ def check_autograd_after_forward(case: FSDPCase, results: list[dict]) -> None:
     """After forward, what autograd alone keeps for backward is the unwrapped model's
     activations, give or take two of the largest parameter: no gathered full parameter.
 
-    An extra (no handout figure): a bound from the user's side, activations plus slack."""
+    An extra (no handout figure): a bound from the user's side, activations plus slack.
+    What autograd saves is recorded through saved-tensor hooks; a target whose own hooks are
+    innermost while its layers run (a design that packs gathered weights away) hides it, and
+    the check reads not applicable rather than passed."""
     if shard_size(case) <= 1:
         return  # one shard: the shard is the parameter
+    if any(rec.get("saved_tensors_hidden") for res in results for rec in res["steps"]):
+        raise NotApplicable("the target's own saved-tensor hooks are innermost while its layers run, so what autograd "
+                            "saves for backward cannot be recorded here (only the innermost hooks see it)")
     _, trainable, frozen, replicated = _unique_matrices(case)
     largest = max([p.numel() for p in trainable + frozen] or [0])
     slack = SLACK_BYTES + (len(trainable) + len(frozen) + len(replicated)) * 16

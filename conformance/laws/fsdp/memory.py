@@ -95,6 +95,8 @@ def reachable_storages(*roots, max_depth: int = 12, where=None) -> dict[tuple, i
 class SavedTensors:
     """While active, every tensor autograd saves for backward, by weak reference."""
 
+    shadowed = False  # a target's own saved-tensor hooks hid what was saved (note_if_shadowed)
+
     def __enter__(self):
         self.refs: list = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
@@ -103,6 +105,15 @@ class SavedTensors:
 
     def __exit__(self, *exc):
         return self._hooks.__exit__(*exc)
+
+    def note_if_shadowed(self) -> None:
+        """Call while a module's forward runs: if saved-tensor hooks other than this record's
+        are innermost (a target's own: only the innermost pair sees what autograd saves),
+        set ``shadowed``: what is saved then cannot be counted here."""
+        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+        hooks = top(True) if top is not None else None
+        if hooks is not None and hooks[0] != self._pack:
+            self.shadowed = True
 
     def _pack(self, t):
         try:

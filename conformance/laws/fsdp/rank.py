@@ -39,10 +39,16 @@ def _attr_holds_full(module, name: str, numel: int) -> bool:
     return t.numel() >= numel and memory.storage_bytes(t) >= numel * t.element_size()
 
 
-def _mark_layers(fsdp_model, matrices: list[str]) -> list:
+def _mark_layers(fsdp_model, matrices: list[str], saved=None) -> list:
     """A forward pre-hook on whatever module now sits where each matrix's module was (a
     wrapper may have swapped it for its own), registered after the wrapper's own hooks:
-    it marks the spy's timeline when that layer's forward begins."""
+    it marks the spy's timeline when that layer's forward begins, and notes on ``saved``
+    (a ``memory.SavedTensors``) whether the target's own saved-tensor hooks hide the layer's."""
+    def mark(name):
+        spy.SPY.mark(name)
+        if isinstance(saved, memory.SavedTensors):
+            saved.note_if_shadowed()
+
     handles = []
     for name in matrices:
         owner = name.rpartition(".")[0]
@@ -50,7 +56,7 @@ def _mark_layers(fsdp_model, matrices: list[str]) -> list:
             module = fsdp_model.module.get_submodule(owner)
         except AttributeError:
             continue
-        handles.append(module.register_forward_pre_hook(lambda mod, args, _name=name: spy.SPY.mark(_name)))
+        handles.append(module.register_forward_pre_hook(lambda mod, args, _name=name: mark(_name)))
     return handles
 
 
@@ -102,9 +108,9 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
             with ctx_mgr:
                 spy.SPY.phase = "forward"
                 marks = []
-                if observe and step == case.steps - 1 and micro == 0:  # the last step's forward: any order learnt
-                    marks, observed_from = _mark_layers(fsdp_model, matrices), len(spy.SPY.timeline)
                 saved = memory.SavedTensors() if observe and last else contextlib.nullcontext()
+                if observe and step == case.steps - 1 and micro == 0:  # the last step's forward: any order learnt
+                    marks, observed_from = _mark_layers(fsdp_model, matrices, saved), len(spy.SPY.timeline)
                 with saved:
                     loss = models.loss_of(fsdp_model(ids[sl]), labels[sl]) / case.micro
                 for handle in marks:
@@ -115,6 +121,7 @@ def train_on_rank(ctx, target_spec: str, case: FSDPCase, observe: bool = True) -
                     )
                     rec["bytes_after_forward"] = memory.reachable_bytes(fsdp_model, optimizer)
                     rec["autograd_bytes_after_forward"] = saved.bytes_held(memory.reachable_storages(fsdp_model, optimizer))
+                    rec["saved_tensors_hidden"] = saved.shadowed
                     rec["unwrapped_autograd_bytes"] = _unwrapped_autograd_bytes(plain, case, ids[sl], labels[sl])
                 spy.SPY.phase = "backward"
                 loss.backward()
