@@ -58,6 +58,17 @@ VARIATIONS: dict[str, tuple[str, ...]] = {
         "collectives that are not point-to-point rings at all (torch's own), declared by "
         "RING_COLLECTIVES_NOT_POINT_TO_POINT: the message checks read not applicable",
     ),
+    "attention": (
+        "the online softmax's bookkeeping: a running max and unnormalised sum (impl), or a running logsumexp "
+        "with the output normalised after every tile (logaddexp)",
+        "tile sizes (any, as long as N and d powers of 2 from 16 work), and whether causal tiles past the "
+        "diagonal are skipped or visited fully masked",
+        "how backward recomputes P from the saved L: one key-major pass accumulating dQ (impl), a query-major "
+        "pass for dQ and a key-major one for dK and dV, or autograd through a fused kernel (SDPA)",
+        "which tensors besides the one logsumexp of shape q.shape[:-1] are saved (O, or none)",
+        "the Triton flavour's backward in PyTorch, as the handout allows",
+        "no Triton flavour at all (torch's SDPA): that flavour's rows read not offered",
+    ),
     "gradient scaler": (
         "how the ranks agree on an overflow: the collective's dtype and op (impl: one float32 MAX of a flag per "
         "unscale_; an int32 SUM of counts), as long as every rank skips together",
@@ -117,6 +128,13 @@ KNOWN_GOOD: tuple[KnownGood, ...] = (
     KnownGood("ring collectives", "conformance.selftests.targets.known_good.ring_collectives_padded",
               "zero-padded equal chunks, the ring turned the other way, parity-ordered unbatched isend / irecv, "
               "shapes agreed by all_gather", _files("ring_collectives")),
+    KnownGood("attention pytorch", "conformance.adapters.torch_sdpa",
+              "torch's scaled_dot_product_attention (fused kernel, autograd backward), L computed beside it",
+              _files("attention")),
+    KnownGood("attention", "conformance.selftests.targets.known_good.attention_logspace",
+              "both flavours: running logsumexp with O normalised every tile, 64 x 128 PyTorch tiles / a 64 x 64 "
+              "Triton forward kernel, no causal tile skipping, backward in PyTorch in two passes (dQ, then dK and dV)",
+              _files("attention")),
     KnownGood("gradient scaler", "conformance.adapters.torch_grad_scaler",
               "torch.amp.GradScaler, its per-device found_inf flags agreed by one all-reduce", _files("grad_scaler")),
     KnownGood("gradient scaler", "conformance.selftests.targets.known_good.grad_scaler_counted",

@@ -30,6 +30,25 @@ the contract; the CS336 tier, the contract laws and every extra but one accept r
 the TF32 oracle (``laws.tf32_dots_accepted``): the extra ``float32_inputs_keep_float32_accuracy``
 holds float32 inputs to float32 arithmetic and names TF32 where that is the difference.
 
+What fixes each CS336-tier check (the 2025 and 2026 handouts, section FlashAttention-2, and
+the course's ``tests/test_attention.py`` through ``tests/adapters.py``):
+
+- ``saves_one_logsumexp_of_query_shape``: the course tests ``test_flash_forward_pass_*``
+  ("Expected one tensor of shape (batch_size, n_queries) in saved tensors"); which other
+  tensors are saved (O, or nothing but Q, K, V and L) is free.
+- ``is_causal_is_optional_and_off_by_default`` / ``is_causal_defaults_to_false``: the
+  handout's interface ``forward(ctx, Q, K, V, is_causal=False)``; the default call is judged
+  within the oracle, not bit for bit against an explicit False (determinism is an extra).
+- ``cs336_noncausal_forward_backward``, ``cs336_causal_forward_backward``: the course tests'
+  shape (B = 4, N = 128, d = 64) and their comparison with the reference (O, L, dQ, dK, dV;
+  causal for the Triton flavour), judged by the float64 oracle, TF32 dots accepted.
+- ``*_at_every_handout_size``: the handout's promise to test "dimensions that are powers of
+  2 and at least 16" (its benchmark's head dims run to 128): a tile larger than N, or one
+  that reads past the last row, shows at the small ones.  No tile size is asked of a target.
+- ``sixteen_bit_*``: the handout benchmarks and compares the kernels in bfloat16.
+No CS336-tier check counts launches, memory, recomputations or saved bytes, nor reads an
+error's wording (the error checks are extras and accept any message that names the problem).
+
 Each check is ``check(attn, device)`` and raises AssertionError on a violation.
 """
 
@@ -48,11 +67,13 @@ from conformance import isolation, oracle
 from conformance.verdicts import NeedsHardware, Verdict, classify
 from conformance.laws.attention.strategies import AttentionCase
 from conformance.laws.attention.laws import (
+    _judge,
     accepts_scale,
     call,
     forward_matches_float64_reference,
     fresh_compile_caches,
     gradients_match_float64_reference,
+    references,
     saved_logsumexp,
     tf32_dots_accepted,
 )
@@ -74,21 +95,31 @@ def saves_one_logsumexp_of_query_shape(attn, device):
         raise AssertionError("the saved logsumexp has non-finite entries")
 
 
+def _default_is_not_causal(attn, device):
+    """apply(q, k, v) without the flag: O within the oracle of the not-causal reference.
+    Not bit for bit against apply(q, k, v, False): that would also ask a deterministic
+    forward, which no handout does (the extra ``forward_is_bitwise_deterministic`` asks it)."""
+    case = _case(n_q=64, n_k=64, causal=False)
+    (q, k, v, _), _ = case.make(device)
+    with oracle.poisoned_allocations(device):
+        default = attn.apply(q, k, v)
+    with tf32_dots_accepted():
+        _judge("apply(q, k, v) without is_causal, against the not-causal reference:", default, references(case, device, False), "O", case)
+    return q, k, v, default
+
+
 def is_causal_is_optional_and_off_by_default(attn, device):
-    """apply(q, k, v) is accepted and equals apply(q, k, v, False) bit for bit."""
-    (q, k, v, _), _ = _case(n_q=64, n_k=64).make(device)
-    oracle.assert_bitwise_equal("apply(q, k, v) vs apply(q, k, v, False)", attn.apply(q, k, v), attn.apply(q, k, v, False))
+    """apply(q, k, v) is accepted and gives the not-causal result (the handout's interface
+    ``forward(ctx, Q, K, V, is_causal=False)``)."""
+    _default_is_not_causal(attn, device)
 
 
 def is_causal_defaults_to_false(attn, device):
-    """As above, and the default is not the causal result (so the flag is honoured)."""
-    (q, k, v, _), _ = _case(n_q=64, n_k=64).make(device)
-    default = attn.apply(q, k, v)
-    explicit = attn.apply(q, k, v, False)
+    """As above, and apply(q, k, v, True) differs from it (so the flag is honoured)."""
+    q, k, v, default = _default_is_not_causal(attn, device)
     causal = attn.apply(q, k, v, True)
-    oracle.assert_bitwise_equal("apply(q, k, v) vs apply(q, k, v, False)", default, explicit)
-    if torch.equal(default.detach(), causal.detach()):  # then True gives what False gives
-        raise AssertionError("is_causal is ignored: apply(q, k, v, True) equals apply(q, k, v, False) bit for bit")
+    if torch.equal(default.detach(), causal.detach()):  # then True gives what the default gives
+        raise AssertionError("is_causal is ignored: apply(q, k, v, True) equals apply(q, k, v) bit for bit")
 
 
 def cs336_noncausal_forward_backward(attn, device):
