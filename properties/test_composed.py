@@ -32,7 +32,7 @@ def test_contract_a_composed_step_gives_the_loss_gradients_and_parameters_of_one
     check_law(_law("composed_step_matches_one_process_on_the_whole_batch"), target.spec, device, max_examples=examples(6))
 
 
-def test_contract_reductions_run_over_mesh_groups_only_and_gradients_over_the_data_parallel_group(target, device):
+def test_reductions_run_over_mesh_groups_only_and_gradients_over_the_data_parallel_group(target, device):
     check_law(_law("reductions_run_over_the_mesh_groups_and_gradients_over_the_data_parallel_group"), target.spec, device, max_examples=examples(4))
 
 

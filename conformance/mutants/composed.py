@@ -107,7 +107,8 @@ MUTANTS = (
     _m("tp_gradients_also_reduced", "gradients all-reduced over the tensor-parallel group after the data-parallel reduction", (LAW_PARITY,)),
     _m("loss_divided_by_tp_twice", "the local loss divided by the tensor-parallel size on top of the global token count", (LAW_PARITY,)),
     _m("dp_average_over_world_size", "the data-parallel gradient sum divided by the world size, not the dp size", (LAW_PARITY, LAW_3D)),
-    _m("gradients_reduced_over_the_world", "gradients averaged over every rank in place of the data-parallel group", (LAW_COLLECTIVES,)),
+    _m("gradients_reduced_over_the_world", "gradients averaged over every rank in place of the data-parallel group "
+       "(the extra: reductions over the mesh's groups)", (LAW_COLLECTIVES,)),
     _m("loss_normalised_per_rank", "each data-parallel rank divides by its own token count (mean of means)", (LAW_TOKENS,)),
     _m("cp_positions_not_offset", "under context parallelism every rank embeds its chunk at positions 0..N/cp-1", (LAW_CP_PP,)),
     _m("mesh_order_reversed", "the mesh lays out the outermost dimension on neighbouring ranks", (LAW_MESH,)),

@@ -69,6 +69,18 @@ VARIATIONS: dict[str, tuple[str, ...]] = {
         "the Triton flavour's backward in PyTorch, as the handout allows",
         "no Triton flavour at all (torch's SDPA): that flavour's rows read not offered",
     ),
+    "composed parallelism": (
+        "which collectives a step issues, over which groups, how many and in what order (the parity with one "
+        "process is the contract; reductions over the mesh's own groups are an extra)",
+        "how the loss is normalised: R / T and an average over the replicas (impl), or 1 / T with the global "
+        "count found by an all-reduce and the replicas' gradients summed",
+        "tensor parallelism inside the blocks only (replicated embeddings, norms and head, every TP rank "
+        "computing the whole logits) or vocabulary-parallel embeddings and loss (impl)",
+        "context parallelism by a ring of K/V blocks (impl) or one all-gather of K and V",
+        "the pipeline runtime (impl's executor or torch.distributed.pipelining) and where the stages are cut",
+        "the mesh's groups from torch's DeviceMesh (flattened sub-meshes for several dimensions) or new_group",
+        "FSDP as per-unit shards (impl) or one flat buffer of the rank's parameters sharded over the replicas",
+    ),
     "gradient scaler": (
         "how the ranks agree on an overflow: the collective's dtype and op (impl: one float32 MAX of a flag per "
         "unscale_; an int32 SUM of counts), as long as every rank skips together",
@@ -135,6 +147,10 @@ KNOWN_GOOD: tuple[KnownGood, ...] = (
               "both flavours: running logsumexp with O normalised every tile, 64 x 128 PyTorch tiles / a 64 x 64 "
               "Triton forward kernel, no causal tile skipping, backward in PyTorch in two passes (dQ, then dK and dV)",
               _files("attention")),
+    KnownGood("composed parallelism", "conformance.selftests.targets.known_good.composed_torch_pieces",
+              "torch's DeviceMesh and pipelining runtime, TP inside the blocks only, K/V all-gathered for CP, loss "
+              "over an all-reduced global count with the replicas' gradients summed, one flat buffer for DP / FSDP",
+              _files("composed")),
     KnownGood("gradient scaler", "conformance.adapters.torch_grad_scaler",
               "torch.amp.GradScaler, its per-device found_inf flags agreed by one all-reduce", _files("grad_scaler")),
     KnownGood("gradient scaler", "conformance.selftests.targets.known_good.grad_scaler_counted",

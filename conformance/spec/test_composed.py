@@ -1,7 +1,9 @@
 """Composed parallelism: fixed spec cases against ``--target`` (the main job).
 
-Contract first: a 2 x 2 mesh's groups; DP x TP, FSDP x TP, DP x PP and TP x CP steps on 4
-ranks against one process on the whole batch.  Then wider cases: ignored targets with
+Contract first (the protocol's, ``conformance/target.py``; no course handout): a 2 x 2
+mesh's groups in the protocol's row-major layout (torch's ``init_device_mesh`` layout); DP x
+TP, FSDP x TP, DP x PP and TP x CP steps on 4 ranks against one process on the whole batch.
+No spec case counts collectives.  Then wider cases: ignored targets with
 uneven token counts across data-parallel ranks, CP under pipeline stages, and the 3-D
 mesh PP x DP x TP on 8 ranks.
 """

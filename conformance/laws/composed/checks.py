@@ -15,7 +15,8 @@ TIMEOUT = 120
 
 def check_mesh(subject, case):
     """Every rank is in exactly one group per dimension; the groups of a dimension
-    partition the ranks; the layout is row-major over the order (inner dims neighbouring)."""
+    partition the ranks; the layout is row-major over the order (inner dims neighbouring):
+    the protocol's layout, torch's ``init_device_mesh`` layout."""
     sizes = {d: dict(case.sizes).get(d, 1) for d in case.order}
     results = run_on_ranks(rank.mesh_on_rank, case.world, subject, case.sizes, case.order, timeout=TIMEOUT)
     for d in case.order:
@@ -46,7 +47,8 @@ def _run(subject, case):
 
 
 def check_parity(subject, case):
-    """Loss, gradients and parameters after the step equal one process on the whole batch."""
+    """Loss, gradients and parameters after the step equal one process on the whole batch
+    (the protocol's result, within the float64 oracle): how the step gets there is free."""
     results = _run(subject, case)
     loss64, g64, p64 = ref.dense_step(case, ref.F64)
     loss32, g32, p32 = ref.dense_step(case, ref.F32)
@@ -68,7 +70,9 @@ def check_collectives(subject, case):
     """Reductions run over the rank's tensor-parallel group, its replica group (dp, or
     dp x cp when the sequence is split; its dp group alone where the target reduces in
     two stages) or its pipeline group only (never a group mixing other coordinates); with
-    replicas (dp x cp > 1) something is reduced over them."""
+    replicas (dp x cp > 1) something is reduced over them.  An extra: no source fixes
+    which collectives a composed step issues; a reduction over the world divided right
+    gives the right numbers (parity, the contract) with more traffic."""
     results = _run(subject, case)
     for r, res in enumerate(results):
         groups = res["groups"]
