@@ -368,7 +368,8 @@ def check_frees_after_backward(case: FSDPCase, results: list[dict]) -> None:
 def check_frees_after_no_grad_forward(case: FSDPCase, results: list[dict]) -> None:
     """A forward under torch.no_grad (an evaluation) leaves no unit but the root gathered,
     whatever the strategy: no backward will come to free it (cases with ``eval_forward``).
-    An extra (torch's ``fully_shard`` reshards after a forward without gradients)."""
+    An extra, this protocol's: torch's ``fully_shard(reshard_after_forward=False)`` keeps
+    the parameters gathered after such a forward (its SHARD_GRAD_OP adapter fails it)."""
     if shard_size(case) == 1 or not case.eval_forward:
         return
     for r, res in enumerate(results):
