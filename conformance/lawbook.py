@@ -239,7 +239,7 @@ class BudgetedLaw:
             if clock.first is not None:
                 exc, case = clock.last
                 exc.add_note(f"{self.name}: its time budget of {clock.seconds:g} s ran out after {clock.ran} example(s); "
-                             f"shrinking stopped at the smallest failing example found so far, case: {case}")
+                             f"shrinking stopped at the smallest failing example found so far:\ncase={case!r}")
                 raise exc from None
             warnings.warn(LawBudgetWarning(
                 f"{self.name}: {clock.ran} example(s) ran and passed before its time budget of {clock.seconds:g} s ran "

@@ -92,7 +92,7 @@ def test_a_slow_buggy_target_fails_within_the_budget_with_the_example_found_so_f
     elapsed = time.monotonic() - start
     assert elapsed < BUDGET_S + SLACK_S, f"shrinking went on for {elapsed:.1f} s on a budget of {BUDGET_S} s"
     notes = "\n".join(getattr(info.value, "__notes__", []))
-    assert "shrinking stopped" in notes and "case: (2," in notes, notes
+    assert "shrinking stopped" in notes and "case=(2," in notes, notes
 
 
 def test_a_case_still_running_when_the_budget_runs_out_is_undecided_and_says_where_the_ranks_were():
