@@ -125,6 +125,37 @@ VARIATIONS: dict[str, tuple[str, ...]] = {
         "how many collectives a step issues and in which order",
         "state dicts: torch's consolidate_state_dict protocol, ours, or none (those extras read not offered)",
     ),
+    "tensor parallel": (
+        "how a rank stores an uneven shard: its own rows only, or padded to ceil(n / W) with zeros (impl, Megatron's "
+        "padded vocabulary), so that every gather moves equal pieces; row-parallel input features divisible by W "
+        "or not",
+        "the conjugate operators: autograd Functions of its own (impl) or DTensor redistributions (torch); the "
+        "all-gather into one tensor or into a list",
+        "the fused QKV weight: rows regrouped by rank into one column-parallel layer (impl, torch adapter) or cut "
+        "into three Q, K and V shards behind one copy of the input",
+        "ids outside a rank's vocabulary shard: masked after the lookup, or looked up in a zero row",
+        "the vocab-parallel cross-entropy's collectives: all-reduces of the max, the sum of exponentials and the "
+        "target logit (impl, Megatron), or an all-gather of every rank's (max, sum) and one all-reduce, as long as "
+        "logits + c give the loss and gradient of the logits",
+        "fewer collectives than Megatron-LM's per MLP and block, of any kind (the exact all-reduces are an extra)",
+        "no sequence parallelism (an extra: those rows read not offered); cases torch's DTensor cannot run (an "
+        "empty vocabulary shard, a sharded dimension of size 1) read not applicable",
+    ),
+    "pipeline parallel": (
+        "AFAB's backwards in micro-batch order (impl, torch) or last in, first out (GPipe's figure): the order is "
+        "free where the dependencies and the bubble bound allow it (bit-identity with 1F1B is then not applicable)",
+        "how a schedule is built: explicit warm-up, steady state and cool-down (impl), a rule on the micro-batches "
+        "in flight, or torch's runtime",
+        "message tags: (kind, micro-batch) (impl), the message's place in the sender's sends, or none (torch's "
+        "batched ops)",
+        "how shapes travel: a header a message (impl), a header a step and link, or shapes fixed from the first "
+        "micro-batch (torch: then unequal micro-batches read not applicable)",
+        "NCCL safety by a process group per direction (impl) or by posting each send with the next receive in one "
+        "batch_isend_irecv (torch, the sequenced target)",
+        "peers addressed by global rank or by group rank (group_peer)",
+        "the loss normalised by dividing each micro-batch's loss, or by starting its backward from 1 / count",
+        "1F1B with fewer micro-batches than stages refused (torch's Schedule1F1B: not applicable)",
+    ),
 }
 
 KNOWN_GOOD: tuple[KnownGood, ...] = (
@@ -187,4 +218,17 @@ KNOWN_GOOD: tuple[KnownGood, ...] = (
     KnownGood("sharded optimizer", "conformance.selftests.targets.known_good.sharded_optimizer_flat_slices",
               "a flat slice of every parameter on every rank, one all-gather per dtype, no state dict",
               _files("sharded_optimizer")),
+    KnownGood("tensor parallel", "conformance.adapters.torch_tensor_parallel",
+              "torch's tensor.parallel (DTensor): ColwiseParallel / RowwiseParallel, loss_parallel, the fused QKV rows "
+              "regrouped by rank; no sequence parallelism", _files("tensor_parallel")),
+    KnownGood("tensor parallel", "conformance.selftests.targets.known_good.tensor_parallel_padded",
+              "equal padded shards (ceil(n / W) rows, zeros past n), conjugate operators of its own with list "
+              "all-gathers, Q / K / V as three shards, a zero row for foreign ids, cross-entropy by an all-gather of "
+              "(max, sum) pairs", _files("tensor_parallel")),
+    KnownGood("pipeline parallel", "conformance.adapters.torch_pipelining",
+              "torch's ScheduleGPipe and Schedule1F1B on PipelineStage (batched P2P ops, shapes from the first "
+              "micro-batch), the schedule read from its runtime", _files("pipeline")),
+    KnownGood("pipeline parallel", "conformance.selftests.targets.known_good.pipeline_sequenced",
+              "schedules from a rule, AFAB backwards last in first out, tags numbered per link, one header a step, "
+              "sends posted with the next receive in one batch, peers by group rank", _files("pipeline")),
 )
