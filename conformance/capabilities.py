@@ -130,6 +130,7 @@ TIERS: dict[str, Callable[[Check], tuple[str, str]]] = {
     "conformance.spec.test_pipeline": contract_except(
         test_gradient_accumulation_over_two_steps_matches_one_dense_step="gradient accumulation",
         test_afab_and_1f1b_agree_to_the_bit_at_2_ranks="AFAB and 1F1B bit-identical",
+        test_point_to_point_calls_cannot_hang_on_nccl="NCCL-safe exchanges",  # an extra, as the law is
     ),
     "properties.test_pipeline": contract_except(
         test_gradients_accumulated_over_pipeline_steps_equal_one_step_on_the_whole_batch="gradient accumulation",
