@@ -79,7 +79,10 @@ VARIATIONS: dict[str, tuple[str, ...]] = {
         "context parallelism by a ring of K/V blocks (impl) or one all-gather of K and V",
         "the pipeline runtime (impl's executor or torch.distributed.pipelining) and where the stages are cut",
         "the mesh's groups from torch's DeviceMesh (flattened sub-meshes for several dimensions) or new_group",
-        "FSDP as per-unit shards (impl) or one flat buffer of the rank's parameters sharded over the replicas",
+        "FSDP as per-unit shards (impl), one flat buffer of the rank's parameters sharded over the replicas, or "
+        "torch's fully_shard over the dp sub-mesh with TP's DTensors as the inner dimension",
+        "no context parallelism where its pieces have none (torch's context_parallel needs CUDA SDPA kernels): "
+        "those cases read not applicable on the CPU",
     ),
     "gradient scaler": (
         "how the ranks agree on an overflow: the collective's dtype and op (impl: one float32 MAX of a flag per "
@@ -182,6 +185,9 @@ KNOWN_GOOD: tuple[KnownGood, ...] = (
               "torch's DeviceMesh and pipelining runtime, TP inside the blocks only, K/V all-gathered for CP, loss "
               "over an all-reduced global count with the replicas' gradients summed, one flat buffer for DP / FSDP",
               _files("composed")),
+    KnownGood("composed parallelism", "conformance.selftests.targets.known_good.composed_dtensor",
+              "torch's own composition: DTensor TP (parallelize_module, loss_parallel), FSDP2 fully_shard on the 2-D "
+              "mesh, torch.distributed.pipelining; no CP on the CPU (not applicable)", _files("composed")),
     KnownGood("gradient scaler", "conformance.adapters.torch_grad_scaler",
               "torch.amp.GradScaler, its per-device found_inf flags agreed by one all-reduce", _files("grad_scaler")),
     KnownGood("gradient scaler", "conformance.selftests.targets.known_good.grad_scaler_counted",
