@@ -141,8 +141,8 @@ def main(argv=None) -> int:
             estimate = elapsed / len(done_now) * left
             weak = sum(1 for e in record.get("edited_tests", []) if e.get("weakens"))
             verdicts = [row["status"] for row in record.get("capabilities", {}).values()]
-            summary = (f"{verdicts.count('conforms')} conform, {verdicts.count('FAILS')} fail"
-                       if record["status"] == "graded" else record["reason"][:120])
+            summary = (f"{verdicts.count('conforms')} conform, {verdicts.count('FAILS')} fail, "
+                       f"{verdicts.count('not run here')} not run here" if record["status"] == "graded" else record["reason"][:120])
             print(f"[{len(records)}/{len(repos)}] {name}: {record['status']} ({summary}; {weak} weakening test edits) "
                   f"in {_minutes(record['wall_s'])}; elapsed {_minutes(elapsed)}, about {_minutes(estimate)} left", flush=True)
             _write(out, run, records, names, start, len(done_now))

@@ -31,10 +31,12 @@ def _git(root: Path, *args: str, data: bytes | None = None) -> bytes:
 
 
 def is_git_checkout(root: Path) -> bool:
+    """Is ``root`` the top of a git work tree (not a folder inside another one's)?"""
     try:
-        return _git(root, "rev-parse", "--is-inside-work-tree").strip() == b"true"
+        top = _git(root, "rev-parse", "--show-toplevel").decode().strip()
     except (subprocess.CalledProcessError, FileNotFoundError):
         return False
+    return bool(top) and Path(top).resolve() == Path(root).resolve()
 
 
 def head_commit(root: Path) -> str:

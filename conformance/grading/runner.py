@@ -77,11 +77,7 @@ class Settings:
 
 def repository_commit(repo: Path) -> str:
     """HEAD of the repository's own git checkout ("" for a folder inside another checkout)."""
-    try:
-        top = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True, text=True).stdout.strip()
-    except FileNotFoundError:
-        return ""
-    return head_commit(repo) if top and Path(top).resolve() == repo.resolve() else ""
+    return head_commit(repo)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

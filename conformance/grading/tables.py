@@ -48,6 +48,18 @@ def edit_counts(record: dict) -> tuple[int, int]:
     return weakening, len(edits) - weakening
 
 
+COMMON = 3  # repositories making one identical edit: more likely a course release than a student
+
+
+def common_edits(records: list) -> dict:
+    """(file, test, kind) -> repositories, for each identical weakening edit in COMMON or more."""
+    count = {}
+    for r in records:
+        for key in {(e["file"], e["test"], e["kind"], e["before"], e["after"]) for e in r.get("edited_tests", []) if e.get("weakens")}:
+            count[key] = count.get(key, 0) + 1
+    return {k[:3]: n for k, n in count.items() if n >= COMMON}
+
+
 def write_json(path: Path, run: dict, records: list) -> None:
     path.write_text(json.dumps(dict(run, repositories=records), indent=2) + "\n")
 
@@ -78,8 +90,29 @@ def _short_cell(text: str) -> str:
         " " + text.split(" (")[1].split(" extras")[0] if " extras)" in text else "")
 
 
-def markdown(run: dict, records: list) -> str:
+def offered_columns(records: list) -> tuple[list[str], list[str]]:
+    """(columns some graded repository offers, columns none does): a protocol capability
+    beyond the course (tensor parallelism, ...) that no repository wires in says nothing
+    about a class; grades.csv keeps it, grades.md names it once."""
     columns = capability_columns(records)
+    offered = [c for c in columns if any(cell(r, c) and not cell(r, c).startswith(("not offered", "not checked"))
+                                         for r in records)]
+    return offered, [c for c in columns if c not in offered]
+
+
+def _commits(run: dict, records: list) -> str:
+    """The suite commit the records were graded at; several where the suite moved between them."""
+    seen = {}
+    for r in records:
+        key = (r.get("suite_commit") or "unknown")[:12]
+        seen[key] = seen.get(key, 0) + 1
+    if len(seen) <= 1:
+        return next(iter(seen), (run.get("suite_commit") or "unknown")[:12])
+    return "(it moved during the run) " + ", ".join(f"{c} ({n})" for c, n in seen.items())
+
+
+def markdown(run: dict, records: list) -> str:
+    columns, unoffered = offered_columns(records)
     s = run["settings"]
     out = ["# Grades", "",
            f"Command: {_code(run['command'])}  ",
@@ -90,12 +123,15 @@ def markdown(run: dict, records: list) -> str:
            f"`--hypothesis-seed={s['seed']}`" + (f", `-k {_md(s['keyword'])}`" if s["keyword"] else "")
            + (", contract tier only" if s["contract_only"] else "") + (", with the properties" if s["properties"] else "")
            + f"; time limit {s['time_limit']:g} s a repository, {s['check_timeout']:g} s a check.  ",
-           f"Suite commit {run['suite_commit'][:12] or 'unknown'}; {len(records)} repositories, "
+           f"Suite commit {_commits(run, records)}; {len(records)} repositories, "
            f"wall time of this run {run.get('wall_s', 0):.0f} s (graded now: {run.get('graded_now', 0)}, "
-           f"kept from an earlier run: {run.get('resumed', 0)}).", ""]
+           f"kept from an earlier run: {run.get('resumed', 0)}); the records' own runs took "
+           f"{sum(r.get('wall_s', 0) for r in records):.0f} s in all.", ""]
     out += ["A cell is the capability's contract verdict, then the extras beyond the contract passed of those run "
             "(`3/7`); `·` not checked in this run.  \"edited\" counts the course's tests the repository changed: "
             "those that can let a wrong solution pass, then the others.", ""]
+    if unoffered:
+        out += [f"Not offered by any repository here (left out of the table, kept in grades.csv): {', '.join(unoffered)}.", ""]
     out.append("| repository | release | status | " + " | ".join(columns) + " | edited |")
     out.append("|---" * (len(columns) + 4) + "|")
     for r in records:
@@ -108,6 +144,9 @@ def markdown(run: dict, records: list) -> str:
     out += ["", "## Edited official tests", ""]
     if not edited:
         out.append("No repository changed a course test.")
+    for (file, test, kind), n in common_edits(records).items():
+        out += [f"The same change ({kind}, `{file}` {_code(test) if test else ''}) is in {n} repositories: a course "
+                "release newer than `--official` may have made it; grade against the newest checkout.", ""]
     for r in edited:
         out.append(f"### {_md(r['name'])}")
         for e in sorted(r["edited_tests"], key=lambda e: not e.get("weakens")):

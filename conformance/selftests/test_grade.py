@@ -228,3 +228,24 @@ def test_a_run_past_its_time_limit_is_that_repositorys_verdict(tmp_path):
     record = json.loads((tmp_path / "records" / "clean.json").read_text())
     assert record["status"] == "timed out" and "--time-limit 2 s" in record["reason"], record
     assert time.monotonic() - start < 120
+
+
+def test_the_table_leaves_out_what_no_repository_offers_and_flags_one_edit_in_many_repositories():
+    """An identical weakening edit in three repositories is more likely a course release the
+    --official checkout lacks (26.1.2 relaxed FSDP's checks) than three students: the table says so."""
+    from conformance.grading.tables import markdown
+
+    edit = {"file": "tests/test_fsdp.py", "test": "_check", "kind": E.EXACT_TO_TOLERANCE, "before": "assert torch.equal(a, b)",
+            "after": "assert torch.allclose(a, b)", "line": 3, "official": "v1", "weakens": True}
+    rows = {"FSDP": {"status": "conforms", "extras_passed": 1, "extras_total": 2},
+            "tensor parallel": {"status": "not offered", "extras_passed": 0, "extras_total": 0}}
+    records = [{"name": f"r{i}", "status": "graded", "release": "2026", "capabilities": rows, "edited_tests": [edit],
+                "failures": [], "wall_s": 1.0, "suite_commit": "abc"} for i in range(3)]
+    run = {"command": "python -m conformance.grade ...", "suite_commit": "abc",
+           "official": {"path": "/c", "label": "v1", "release": "2026", "versions": 1},
+           "settings": {"profile": "grade", "seed": 0, "keyword": "", "contract_only": True, "properties": False,
+                        "time_limit": 60, "check_timeout": 30}}
+    md = markdown(run, records)
+    assert "| r0 | 2026 | graded | conforms 1/2 | 1 / 0 |" in md
+    assert "Not offered by any repository here (left out of the table, kept in grades.csv): tensor parallel." in md
+    assert "is in 3 repositories: a course release newer than `--official` may have made it" in md
