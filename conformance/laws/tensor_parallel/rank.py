@@ -48,7 +48,21 @@ def _shard(n: int, rank: int, world: int) -> slice:
 
 
 def _grads(target, module):
-    return target.call("tensor_parallel_gather_full_grads", module)
+    return _plain(target.call("tensor_parallel_gather_full_grads", module))
+
+
+def _plain(obj):
+    """Plain tensors, read as a user reads them.  A tensor subclass (torch's DTensor layers
+    leave an AsyncCollectiveTensor in an input's .grad: an all-gather still in flight, waited
+    for by the first operation on it) is copied through an operation, which waits; sent to
+    the parent as it is, its storage could be read before the all-gather has filled it."""
+    if isinstance(obj, torch.Tensor):
+        return obj if type(obj) is torch.Tensor else obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj)
+    return obj
 
 
 def column_on_rank(ctx, spec, case):
@@ -65,7 +79,7 @@ def column_on_rank(ctx, spec, case):
                              + ("gather_output asks for all " if case.flag else f"its shard [{s.start}, {s.stop}) of the chunk layout has ")
                              + f"{local_dy.shape[-1]}")
     (y * local_dy).sum().backward()
-    return {"y": y, "dx": x.grad, "grads": _grads(t, tp)}
+    return _plain({"y": y, "dx": x.grad, "grads": _grads(t, tp)})
 
 
 def row_on_rank(ctx, spec, case):
@@ -78,7 +92,7 @@ def row_on_rank(ctx, spec, case):
     x.requires_grad_(True)
     y = tp(x)
     (y * dy).sum().backward()
-    return {"y": y, "dx": x.grad, "grads": _grads(t, tp)}
+    return _plain({"y": y, "dx": x.grad, "grads": _grads(t, tp)})
 
 
 def embedding_on_rank(ctx, spec, case):
@@ -88,7 +102,7 @@ def embedding_on_rank(ctx, spec, case):
     tp = t.call("get_vocab_parallel_embedding", emb, _group(ctx))
     y = tp(ids)
     (y * dy).sum().backward()
-    return {"y": y, "grads": _grads(t, tp)}
+    return _plain({"y": y, "grads": _grads(t, tp)})
 
 
 def cross_entropy_on_rank(ctx, spec, case):
@@ -98,7 +112,7 @@ def cross_entropy_on_rank(ctx, spec, case):
     loss = t.call("vocab_parallel_cross_entropy", local, targets, _group(ctx), vocab_size=case.vocab_size,
                   ignore_index=case.ignore_index, reduction=case.reduction)
     (loss * dy).sum().backward() if case.reduction == "none" else loss.backward()
-    return {"loss": loss, "grad": local.grad}
+    return _plain({"loss": loss, "grad": local.grad})
 
 
 def _block_kwargs(case):
@@ -116,7 +130,7 @@ def block_on_rank(ctx, spec, case):
     x.requires_grad_(True)
     y = tp(x)
     (y * dy).sum().backward()
-    return {"y": y, "dx": x.grad, "grads": _grads(t, tp)}
+    return _plain({"y": y, "dx": x.grad, "grads": _grads(t, tp)})
 
 
 def gpt_on_rank(ctx, spec, case):
@@ -134,8 +148,8 @@ def gpt_on_rank(ctx, spec, case):
         grads.append(_grads(t, tp))
         losses.append(loss.detach().reshape(()))
         opt.step()
-    return {"losses": torch.stack(losses), "grads": grads, "before": before,
-            "params": t.call("tensor_parallel_gather_full_params", tp)}
+    return _plain({"losses": torch.stack(losses), "grads": grads, "before": before,
+                   "params": t.call("tensor_parallel_gather_full_params", tp)})
 
 
 def mlp_collectives_on_rank(ctx, spec, case):
