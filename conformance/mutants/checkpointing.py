@@ -3,7 +3,10 @@
 Each mutant is a target (``--target conformance.mutants.checkpointing:rng_not_restored``)
 offering ``get_checkpointed_blocks`` built on ``impl.checkpointing`` with one decision
 changed, and names the laws (``conformance.laws.checkpointing.laws``) that must reject it;
-``conformance/selftests/test_mutants.py`` checks that they do.
+``conformance/selftests/test_mutants.py`` checks that they do.  A bug that costs the user
+memory or recomputation is rejected by a contract bound; a plan that only departs from the
+reference one (checkpointing more than asked, a k one short where that holds less) is
+rejected by the exact extras alone, as a correct design's departures are.
 """
 
 from __future__ import annotations
@@ -86,6 +89,17 @@ def _sqrt_one_short_at_squares(n, strategy, k, good):
     return _segments(n, max(1, math.isqrt(n - 1)))
 
 
+def _every_block_for_segments(n, strategy, k, good):
+    """"segments" and "sqrt" checkpoint every block alone: the same 2N forwards, a lower peak,
+    and not the plan asked for (each region input kept)."""
+    return _segments(n, 1) if strategy in ("segments", "sqrt") else good
+
+
+def _nothing_checkpointed(n, strategy, k, good):
+    """Every strategy runs the blocks plainly: every block's activations kept."""
+    return tuple(range(n))
+
+
 def _last_block_left_out(n, strategy, k, good):
     """Each single-level region ends one block early; that block runs plainly after it."""
     if strategy not in ("every", "segments", "sqrt"):
@@ -108,19 +122,26 @@ blocks_copied = _target(copy_blocks=True)
 bad_requests_accepted = _target(lenient=True)
 unchecked_when_the_input_needs_no_grad = _target(_switch(skip_without_grad=True))
 sqrt_one_short_at_squares = _target(plan_fn=_sqrt_one_short_at_squares)
+segments_checkpoint_every_block = _target(plan_fn=_every_block_for_segments)
+no_checkpointing = _target(plan_fn=_nothing_checkpointed)
 
 _M = "conformance.mutants.checkpointing:"
 MUTANTS = (
     Mutant("rng_not_restored", CAPABILITY, "the RNG state is not restored before recomputation (dropout redraws)",
            ("gradients_and_loss_equal_no_checkpointing_bit_for_bit",), _M + "rng_not_restored"),
     Mutant("inner_blocks_save_inputs", CAPABILITY, "every inner block of a region still keeps its input",
-           ("activation_peak_equals_the_prediction",), _M + "inner_blocks_save_inputs"),
+           ("activation_peak_is_at_most_the_bound",), _M + "inner_blocks_save_inputs"),
     Mutant("segment_boundary_off_by_one", CAPABILITY,
            "each segment ends one block early, leaving its last block unchecked",
-           ("block_forwards_equal_the_prediction", "activation_peak_equals_the_prediction"),
+           ("activation_peak_is_at_most_the_bound", "block_forwards_equal_the_reference_plans"),
            _M + "segment_boundary_off_by_one"),
     Mutant("nested_level_recomputes_twice", CAPABILITY, "a nested level runs its region's body twice",
-           ("block_forwards_equal_the_prediction",), _M + "nested_level_recomputes_twice"),
+           ("block_forwards_are_at_most_the_bound",), _M + "nested_level_recomputes_twice"),
+    Mutant("no_checkpointing", CAPABILITY, "every strategy runs the blocks plainly, nothing checkpointed",
+           ("activation_peak_is_at_most_the_bound",), _M + "no_checkpointing"),
+    Mutant("segments_checkpoint_every_block", CAPABILITY,
+           "'segments' and 'sqrt' checkpoint every block alone (a lower peak, the same forwards)",
+           ("activation_peak_equals_the_reference_plans",), _M + "segments_checkpoint_every_block"),
     Mutant("reentrant_checkpoint", CAPABILITY,
            "reentrant checkpointing: no parameter gradients when no input requires grad",
            ("input_without_grad_still_gives_parameter_gradients",), _M + "reentrant_checkpoint"),
@@ -132,7 +153,7 @@ MUTANTS = (
            ("input_without_grad_still_gives_parameter_gradients",), _M + "unchecked_when_the_input_needs_no_grad"),
     Mutant("sqrt_one_short_at_squares", CAPABILITY,
            "the sqrt strategy's k is one too small where N is a perfect square (isqrt(N - 1) without the + 1)",
-           ("spec:sqrt_at_perfect_squares",), _M + "sqrt_one_short_at_squares"),
+           ("spec:exact_peak_at_perfect_squares",), _M + "sqrt_one_short_at_squares"),
     Mutant("bad_requests_accepted", CAPABILITY, "an unknown strategy or k outside 1..N is silently replaced",
            ("bad_strategy_or_segment_size_is_a_clear_error",), _M + "bad_requests_accepted"),
 )

@@ -91,6 +91,17 @@ VARIATIONS: dict[str, tuple[str, ...]] = {
         "the scale held as a Python float or a tensor",
         "first_nonfinite_gradient agreed as a MIN of the local first index or a MAX of per-parameter flags",
     ),
+    "activation checkpointing": (
+        "early stop (torch's default: a recomputation ends once the saved tensors backward needs are rebuilt; fewer "
+        "forwards, a lower peak) or recomputing each region to its end (impl)",
+        "non-reentrant recomputation through saved-tensor hooks (torch, impl) or reentrant, a backward inside the "
+        "region's backward (an autograd.Function region, torch's use_reentrant=True where an input needs grad), "
+        "which holds each nested level's recomputed output: one block output more a level",
+        "how nested regions are split: either half may take the odd block",
+        "which best single level sqrt takes (any k minimising k + ceil(N / k))",
+        "the last segment left unchecked (torch's checkpoint_sequential): fewer forwards, the peak within the bound",
+        "the RNG state restored by torch's checkpoint or stashed and restored by the region itself",
+    ),
     "distributed sampler": (
         "which indices pad the shares to equal lengths (torch: the start of the order again; any T - N indices of range(N))",
         "how the padded order is cut into shares (torch: every R-th position; contiguous blocks equally)",
@@ -193,6 +204,12 @@ KNOWN_GOOD: tuple[KnownGood, ...] = (
     KnownGood("gradient scaler", "conformance.selftests.targets.known_good.grad_scaler_counted",
               "a Python-float scale, gradients divided by S, an int32 count of non-finite elements summed over the group",
               _files("grad_scaler")),
+    KnownGood("activation checkpointing", "conformance.adapters.torch_checkpoint",
+              "torch.utils.checkpoint with torch's defaults (non-reentrant, early stop, RNG preserved), nested by "
+              "halving; checkpoint_sequential where k divides N", _files("checkpointing")),
+    KnownGood("activation checkpointing", "conformance.selftests.targets.known_good.checkpointing_function_regions",
+              "regions as an autograd.Function (reentrant recomputation, parameters as inputs), the larger nested "
+              "half second, the largest best k for sqrt", _files("checkpointing")),
     KnownGood("distributed sampler", "conformance.adapters.torch_sampler", "torch's DistributedSampler", _files("sampler")),
     KnownGood("distributed sampler", "conformance.selftests.targets.known_good.sampler_blocks",
               "contiguous blocks, padded with the end of the order, shuffled by Python's random", _files("sampler")),

@@ -35,8 +35,12 @@ Contract
     stopping after the last tensor it needs; this costs the tail of the last block's forward
     but makes the count of block forwards the formula in ``predict`` for every strategy,
     nested regions included (with early stop, where a nested recomputation stops depends on
-    which inner region saved the last tensor).  The reentrant variant is never used: it
-    drops parameter gradients when no input requires grad and it cannot nest.
+    which inner region saved the last tensor).  That exactness is this plan's own, the
+    reference of the suite's extras; the contract only bounds a strategy's peak and forwards
+    from above, so torch's default early stop (fewer forwards, a lower peak) conforms too.
+    The reentrant variant is never used: it drops parameter gradients when no input
+    requires grad, and nested it holds each level's recomputed output while the inner
+    levels run their backward.
 
     Bad input is a ``ValueError`` (unknown strategy, k < 1 or k > N, no blocks) or a
     ``TypeError`` (a block that is not an ``nn.Module``, a non-integer k).

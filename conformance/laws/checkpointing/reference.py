@@ -1,5 +1,12 @@
 """The suite's own cost model of checkpointing strategies (independent of any target).
 
+No CS336 handout covers checkpointing and torch's ``checkpoint`` documents no figure of
+memory or recomputation: every number here is this suite's arithmetic.  It is used two
+ways.  The contract bounds a target from the side that costs its user (``bound``): peak
+<= the bound + slack, forwards <= the bound, for any correct design of the strategy asked
+for (torch's early stop and reentrant recomputation included).  The exact figures of impl's
+plan (``costs``) are an extra ("exact peak / recomputation of the reference plan").
+
 Units: ``b`` = the bytes one block saves for backward (its intermediates, not its output),
 ``a`` = the bytes of one block's input or output (what a checkpointed region keeps: its
 input).  For N blocks, the peak of activation bytes over forward + backward is
@@ -22,10 +29,19 @@ Nested: the stack is split into [0, ceil(N/2)) and the rest; each half is a chec
 region whose body is split the same way, down to single blocks (a single block stands
 alone in its region's body).  Recomputing a region of n blocks runs its n block forwards
 once more; each inner region then recomputes in its own backward.
+
+The nested bound (``nested_bound``) admits two legitimate choices the plan above does not
+make: either half may take the odd block, and the recomputation may be reentrant (a
+backward inside the region's backward, as torch's ``use_reentrant=True`` and any
+``autograd.Function`` region do), which holds the region's recomputed output while its
+inner regions run their backward: one more a per level of the path, still O(log N) a + b.
+Its forwards are the plan's (N + the sum of region sizes does not depend on which half is
+larger).  Early stop only lowers both figures.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -76,6 +92,40 @@ def nested(n: int, a: int, b: int) -> Cost:
     return Cost(max(2 * a, p_right, p_left), n + f_right + f_left)
 
 
+@functools.lru_cache(maxsize=None)
+def _nested_bound_body(n: int, a: int, b: int, held: int) -> int:
+    """The largest peak of the backward of a region of n blocks over every halving (the odd
+    block on either side) when a recomputation holds the region's output until its inner
+    regions are done; ``held`` bytes kept outside it, its own input included."""
+    if n == 1:
+        return held + b + a
+    peak = 0
+    for left in {(n + 1) // 2, n // 2}:
+        right = n - left
+        # the body's recomputed output (a) stays while the right half's input (a) is kept
+        peak = max(peak, held + 2 * a, _nested_bound_body(right, a, b, held + 2 * a),
+                   _nested_bound_body(left, a, b, held + a))
+    return peak
+
+
+def nested_bound(n: int, a: int, b: int) -> Cost:
+    """What "nested" may cost at most: see the module docstring."""
+    if n == 1:
+        return nested(n, a, b)
+    peak = max(max(2 * a, _nested_bound_body(n - left, a, b, a), _nested_bound_body(left, a, b, 0))
+               for left in {(n + 1) // 2, n // 2})
+    return Cost(max(peak, nested(n, a, b).peak), nested(n, a, b).forwards)
+
+
+def bound(n: int, strategy: str, k: int | None, a: int, b: int) -> Cost:
+    """The most a correct implementation of ``strategy`` may cost (slack not included): the
+    contract's side.  sqrt: the dearest of the best single levels, any of which may be taken."""
+    if strategy == "nested":
+        return nested_bound(n, a, b)
+    allowed = costs(n, strategy, k, a, b)
+    return Cost(max(c.peak for c in allowed), max(c.forwards for c in allowed))
+
+
 def cost(n: int, strategy: str, k: int | None, a: int, b: int) -> Cost:
     if strategy == "none":
         return none(n, a, b)
@@ -89,7 +139,7 @@ def cost(n: int, strategy: str, k: int | None, a: int, b: int) -> Cost:
 
 
 def costs(n: int, strategy: str, k: int | None, a: int, b: int) -> tuple[Cost, ...]:
-    """Every cost the strategy allows (sqrt: one per best single level)."""
+    """The reference plan's exact costs (sqrt: one per best single level, any may be taken)."""
     if strategy == "sqrt":
         return tuple(segments(n, kk, a, b) for kk in sqrt_sizes(n))
     return (cost(n, strategy, k, a, b),)
