@@ -94,13 +94,13 @@ def parse_args(argv):
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    out = Path(args.out).resolve()
-    (out / "records").mkdir(parents=True, exist_ok=True)
     try:
         official = load_official(Path(args.official))
     except (FileNotFoundError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    out = Path(args.out).resolve()
+    (out / "records").mkdir(parents=True, exist_ok=True)
     settings = Settings(official=official, out=out, time_limit=args.time_limit, check_timeout=args.check_timeout,
                         keyword=args.keyword, contract_only=args.contract_only, properties=args.properties,
                         seed=args.hypothesis_seed, deps=args.deps, python=args.python, extra=args.pytest_args)
