@@ -7,6 +7,21 @@ Entry points of the target protocol used (``impl/__init__.py`` documents them):
 
 A law's subject is the target spec; the ranks load the target again.  ``rejection`` runs
 one law against a target (a kept mutant) for the self-test.
+
+Sources of what each law compares with (no CS336 handout covers tensor parallelism; each law's
+``doc`` names its own):
+  - values: the dense module itself (nn.Linear, nn.Embedding, F.cross_entropy, impl.models.gpt's
+    Block and GPT) through the float64 oracle: the definition of a tensor-parallel layer in
+    Megatron-LM (Shoeybi et al. 2019, section 3) and torch.distributed.tensor.parallel
+    (ColwiseParallel, RowwiseParallel, loss_parallel) is that it computes the dense module.
+  - which shard a rank holds: the protocol's chunk layout, ceil(n / W) items a rank, the
+    last shards shorter or empty: torch's DTensor Shard(dim) placement (torch.chunk), which
+    the protocol copies (Megatron-LM asks for sizes divisible by W, where all layouts agree).
+  - the group: the protocol's ``group=`` (torch's layers take a DeviceMesh, which may be a
+    sub-mesh, and the shard index is the rank in it): rank i of the group is shard i.
+  - collectives: Megatron-LM section 3 (f and g: one all-reduce forward and one backward per
+    column-then-row pair); the contract bounds their number from above (a collective more
+    is traffic and a launch the user pays for), the exact kinds are an extra.
 """
 
 from __future__ import annotations
@@ -66,19 +81,6 @@ def _needs_three_ranks(rank_fn, check_fn):
     return check
 
 
-# Sources of what each law compares with (no CS336 handout covers tensor parallelism):
-#   - values: the dense module itself (nn.Linear, nn.Embedding, F.cross_entropy, impl.models.gpt's
-#     Block and GPT) through the float64 oracle: the definition of a tensor-parallel layer in
-#     Megatron-LM (Shoeybi et al. 2019, section 3) and torch.distributed.tensor.parallel
-#     (ColwiseParallel, RowwiseParallel, loss_parallel) is that it computes the dense module.
-#   - which shard a rank holds: the protocol's chunk layout, ceil(n / W) items a rank, the
-#     last shards shorter or empty: torch's DTensor Shard(dim) placement (torch.chunk), which
-#     the protocol copies (Megatron-LM asks for sizes divisible by W, where all layouts agree).
-#   - the group: the protocol's ``group=`` (torch's layers take a DeviceMesh, which may be a
-#     sub-mesh, and the shard index is the rank in it): rank i of the group is shard i.
-#   - collectives: Megatron-LM section 3 (f and g: one all-reduce forward and one backward per
-#     column-then-row pair); the contract bounds their number from above (a collective more
-#     is traffic and a launch the user pays for), the exact kinds are an extra.
 LAWS = (
     Law("column_parallel_linear_matches_the_dense_layer", CAPABILITY, CONTRACT,
         cases=column_cases, check=_runner(rank.column_on_rank, checks.check_column), needs=("ranks",),
