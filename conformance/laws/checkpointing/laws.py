@@ -73,8 +73,7 @@ MUTANT_SETTINGS = mutant_settings()
 
 
 # Fixed spec cases a kept mutant may name as "spec:<name>".
-SPEC_CHECKS = {"sqrt_at_perfect_squares": checks.check_sqrt_at_perfect_squares,
-               "exact_peak_at_perfect_squares": checks.check_exact_peak_at_perfect_squares}
+SPEC_CHECKS = {"exact_peak_at_perfect_squares": checks.check_exact_peak_at_perfect_squares}
 
 
 def rejection(law_name: str, target_spec: str, max_examples: int) -> str | None:
