@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 BLOCK_M, BLOCK_N = 64, 64
-NEG_INF = float("-inf")
+NEG_INF = tl.constexpr(float("-inf"))  # a constexpr global: compiled kernels read no other globals
 
 
 @triton.jit
