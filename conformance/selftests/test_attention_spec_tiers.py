@@ -146,3 +146,17 @@ def test_a_tf32_kernel_fails_the_float32_extra_alone(device):
     for extra in (spec.many_shapes_in_one_process, spec.four_dim_inputs, spec.noncontiguous_inputs,
                   spec.explicit_softmax_scale):
         extra(tf32, device)
+
+
+
+def test_a_backward_not_offered_reads_not_offered_where_the_16_bit_forward_crashes():
+    """The 16-bit gradient case runs the forward first; its crash is the forward row's
+    failure, and the backward row says what is true of it: not offered."""
+    from conformance.laws.attention import spec
+    from conformance.selftests.targets.forward_float32_only import Float32ForwardOnly
+    from conformance.verdicts import NotOffered
+
+    with pytest.raises(NotOffered):
+        spec.sixteen_bit_gradients_at_the_contract_shape(Float32ForwardOnly, torch.device("cpu"), dtype=torch.bfloat16)
+    with pytest.raises(AssertionError, match="bfloat16"):
+        spec.sixteen_bit_outputs_at_the_contract_shape(Float32ForwardOnly, torch.device("cpu"), dtype=torch.bfloat16)
