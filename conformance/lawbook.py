@@ -206,24 +206,26 @@ class BudgetedLaw:
     The Hypothesis test's own source is untouched (derandomised draws are seeded by it).
     """
 
-    def __init__(self, law: Law, seconds: float | None = None):
+    def __init__(self, law: Law, seconds: float | None = None, case_at: int = 1):
         self.law = law
-        self.name = law.name
         self.clock = _Clock(law_budget_s() if seconds is None else seconds)
+        self.case_at = case_at  # where the case sits in check's arguments: check(subject, case, ...)
 
-    def cases(self, *args, **kwargs):
-        return self.law.cases(*args, **kwargs)
+    def __getattr__(self, name):  # name, tier, needs, cases, ... are the law's
+        if name == "law":
+            raise AttributeError(name)
+        return getattr(self.law, name)
 
-    def check(self, subject, case) -> None:
+    def check(self, *args, **kwargs) -> None:
         from conformance.verdicts import Verdict
 
         self.clock.admit()
         try:
-            self.law.check(subject, case)
+            self.law.check(*args, **kwargs)
         except Verdict:
             raise
         except Exception as exc:
-            self.clock.failed(exc, case)
+            self.clock.failed(exc, args[self.case_at] if len(args) > self.case_at else kwargs.get("case"))
             raise
         finally:
             self.clock.took()

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from conformance import oracle
 from conformance.verdicts import NeedsHardware
-from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.lawbook import API, CONTRACT, BudgetedLaw, Law, by_name
 from conformance.laws.attention.magnitudes import attention_magnitudes, mixed_precision_forward
 from conformance.laws.attention.tf32 import tf32_attention
 from conformance.laws.attention.strategies import (
@@ -471,6 +471,7 @@ def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> Non
             settings_overrides["max_examples"] = min(settings_overrides.get("max_examples", LONG_EXAMPLES), LONG_EXAMPLES)
     else:
         strategy = law.cases(budget, accepts_scale(attn))
+    law = BudgetedLaw(law)  # a verdict within the law's time budget; the test below keeps its source (its draws)
 
     @settings(**settings_overrides)
     @given(case=strategy)
@@ -484,4 +485,4 @@ def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> Non
             run = example(case=case)(run)
 
     run.__qualname__ = run.__name__ = f"{law.name}[{flavour}]"
-    run()
+    law.run(run)
