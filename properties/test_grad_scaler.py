@@ -25,6 +25,10 @@ def test_contract_an_inf_or_nan_on_one_rank_skips_the_step_on_every_rank_keeps_s
     _check("nonfinite_on_one_rank_skips_everywhere_keeps_state_and_backs_off", target, device, 8)
 
 
+def test_contract_on_two_groups_of_other_ranks_each_group_decides_its_own_skip_and_first_nonfinite_gradient(target, device):
+    _check("each_group_of_other_ranks_decides_its_own_skip_and_first_nonfinite_gradient", target, device, 4)
+
+
 def test_contract_without_overflow_a_power_of_two_scale_trains_bit_for_bit_like_no_scaling(target, device):
     _check("power_of_two_scale_trains_bit_for_bit_like_no_scaling", target, device, 6)
 

@@ -97,6 +97,15 @@ class _OneSkipForAll(DistributedGradScaler):
         return any(bool(f.item() > 0) for f in found)  # BUG: every optimizer skips when any found one
 
 
+class _AgreesOverTheWorld(DistributedGradScaler):
+    def __init__(self, init_scale, growth_factor, backoff_factor, growth_interval, group=None):
+        super().__init__(init_scale, growth_factor, backoff_factor, growth_interval, None)  # BUG: group dropped
+
+
+def _first_nonfinite_over_the_world(model, group=None):
+    return impl.first_nonfinite_gradient(model, None)  # BUG: group dropped
+
+
 def _first_nonfinite_local(model, group=None):
     named = list(model.named_parameters())
     i = local_first_nonfinite(named)  # BUG: no agreement across ranks
@@ -121,6 +130,8 @@ none_gradients_not_passed_over = _scaler_target(_NoneGradsNotSkipped)
 one_stage_for_all_optimizers = _scaler_target(_OneStageForAll)
 update_reads_only_the_last_optimizer = _scaler_target(_UpdateReadsTheLastOptimizer)
 one_skip_decision_for_all_optimizers = _scaler_target(_OneSkipForAll)
+group_ignored = SimpleNamespace(get_distributed_grad_scaler=_scaler_target(_AgreesOverTheWorld).get_distributed_grad_scaler,
+                                first_nonfinite_gradient=_first_nonfinite_over_the_world)
 first_nonfinite_answered_locally = SimpleNamespace(get_distributed_grad_scaler=impl.get_distributed_grad_scaler,
                                                    first_nonfinite_gradient=_first_nonfinite_local)
 
@@ -155,6 +166,8 @@ MUTANTS = (
        "one does not back the scale off", ["spec:two_optimizers_each_skip_on_their_own_gradients"]),
     _m("one_skip_decision_for_all_optimizers", "every optimizer skips when any one found a non-finite gradient",
        ["spec:two_optimizers_each_skip_on_their_own_gradients"]),
+    _m("group_ignored", "the scaler and first_nonfinite_gradient agree over the world, not the group they are given",
+       ["each_group_of_other_ranks_decides_its_own_skip_and_first_nonfinite_gradient"]),
     _m("first_nonfinite_answered_locally", "first_nonfinite_gradient answers from the local gradients only",
        ["first_nonfinite_gradient_is_the_same_first_parameter_on_every_rank"]),
 )

@@ -93,7 +93,8 @@ MUTANT_RANKS = {"one_group_for_both_directions": 2,  # a deadlock between two pi
                 "hybrid_replicas_not_reduced": 4,  # two replica groups of the default shard group of 2
                 "shards_by_world_rank": 3,  # a tensor-parallel group of ranks that are not 0..k-1
                 "peers_addressed_by_group_rank": 3,  # a pipeline over such a group
-                "all_gather_sent_to_every_rank": 3}  # at two ranks the only other rank is the ring neighbour
+                "all_gather_sent_to_every_rank": 3,  # at two ranks the only other rank is the ring neighbour
+                "group_ignored": 3}  # the scaler's two groups of other ranks
 
 
 def _skip_unless_enough_ranks(module: str, what: str, name: str | None = None) -> None:

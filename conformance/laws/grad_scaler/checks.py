@@ -34,7 +34,7 @@ import torch
 from conformance import oracle
 from conformance.harness import require_world_size, run_on_ranks
 from conformance.laws.grad_scaler import reference
-from conformance.laws.grad_scaler.rank import rank_parity, rank_scaled_training
+from conformance.laws.grad_scaler.rank import rank_parity, rank_scaled_training, rank_scaler_on_subgroups
 from conformance.laws.grad_scaler.strategies import spec_case
 
 CASE_TIMEOUT_S = 60.0
@@ -158,6 +158,33 @@ def check_first_nonfinite(subject, case) -> None:
         answers = [r[step]["first_nonfinite"] for r in results]
         if any(a != first for a in answers):
             raise AssertionError(f"W={case.world_size} step {step} (injected {case.inject}): answers per rank {answers}, expected {first!r} everywhere")
+
+
+def check_subgroups(subject, case) -> None:
+    """Each rank's group decides for itself: the ranks of the group holding the non-finite
+    gradient skip (nothing changes, ``step`` says False, the scale backs off) and name that
+    parameter as the first non-finite one; the other group steps, keeps its scale and finds
+    none.  Source: the protocol's ``group=`` (the flag agreed "across the group"); a target
+    that agrees over the world, or takes group ranks for global ones, mixes the groups."""
+    require_world_size(case.world_size)
+    results = run_on_ranks(rank_scaler_on_subgroups, case.world_size, subject, case, timeout=CASE_TIMEOUT_S)
+    init = 2.0**case.scale_exp
+    for r, res in enumerate(results):
+        hit = r % 2 == case.inject_rank % 2
+        where = (f"rank {r} (group of the {'even' if r % 2 == 0 else 'odd'} ranks; the {case.kind} is on rank "
+                 f"{case.inject_rank}, W={case.world_size})")
+        if hit:
+            assert res["stepped"] is False and not res["changed"], (
+                f"{where}: the step was not skipped (step returned {res['stepped']!r}, parameters changed: {res['changed']})")
+            assert res["scale"] == init * 0.5, f"{where}: scale {res['scale']} after a skipped step, expected {init * 0.5}"
+            want = res["names"][case.inject_param]
+            assert res["first"] == want, f"{where}: first_nonfinite_gradient gave {res['first']!r}, expected {want!r}"
+        else:
+            assert res["stepped"] is True and res["changed"], (
+                f"{where}: a group with finite gradients did not step (step returned {res['stepped']!r}): the other "
+                f"group's non-finite gradient reached it")
+            assert res["scale"] == init, f"{where}: scale {res['scale']}, expected {init} (no overflow in this group)"
+            assert res["first"] is None, f"{where}: first_nonfinite_gradient gave {res['first']!r} with finite gradients in the group"
 
 
 def check_clip(subject, case) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from conformance.harness import resolve_device
 from conformance.lawbook import API, CONTRACT, Law, by_name, first_failure_line, mutant_settings, check_examples
 from conformance.laws.grad_scaler import checks
-from conformance.laws.grad_scaler.strategies import scaler_cases
+from conformance.laws.grad_scaler.strategies import scaler_cases, subgroup_cases
 
 CAPABILITY = "gradient scaler"
 CONTROL = "impl"
@@ -57,6 +57,8 @@ LAWS = (
         cases=lambda device=None: scaler_cases(device, steps=(2, 4), injections=(1, 2), where=("grad",), growth=(1, 2),
                                                explicit=(True, False), two_optimizers=True),
         check=checks.check_each_optimizer, needs=("ranks",)),
+    Law("each_group_of_other_ranks_decides_its_own_skip_and_first_nonfinite_gradient", CAPABILITY, CONTRACT,
+        cases=lambda device=None: subgroup_cases(), check=checks.check_subgroups, needs=("3 ranks",)),
     Law("fsdp_shard_overflow_on_one_rank_skips_everywhere", CAPABILITY, API,
         cases=lambda device=None: scaler_cases(device, contract=False, wrappers=("fsdp",), steps=(2, 3), injections=(1, 2)),
         check=checks.check_skip, needs=("ranks",), extra="FSDP, W up to 4"),

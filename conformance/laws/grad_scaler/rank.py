@@ -155,3 +155,31 @@ def rank_parity(ctx, subject: str, case):
     plain = rank_scaled_training(ctx, subject, case, scaled=False)
     return {"scaled": with_scaler[-1]["params_after"], "plain": plain[-1]["params_after"],
             "stepped": [r["stepped"] for r in with_scaler]}
+
+
+def rank_scaler_on_subgroups(ctx, subject: str, case):
+    """The scaler and ``first_nonfinite_gradient`` on two disjoint groups (even and odd
+    ranks; every rank makes both, in the same order, as ``new_group`` requires), each rank
+    passing its own group; gradients set directly, one of them non-finite on
+    ``case.inject_rank``; one ``unscale_``, ``step`` and ``update``."""
+    target = load_target(subject)
+    groups = [dist.new_group(list(range(parity, ctx.world_size, 2))) for parity in (0, 1)]
+    group = groups[ctx.rank % 2]
+    torch.manual_seed(case.seed)
+    model = torch.nn.Sequential(torch.nn.Linear(case.width, case.width), torch.nn.Linear(case.width, 1)).to(ctx.device)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.full_like(p, float(ctx.rank + 1))
+    if ctx.rank == case.inject_rank:
+        params[case.inject_param].grad.view(-1)[0] = VALUES[case.kind]
+    first = target.call("first_nonfinite_gradient", model, group)
+    scaler = target.factory("get_distributed_grad_scaler")(init_scale=2.0**case.scale_exp, growth_interval=1000, group=group)
+    scaler.scale(torch.ones((), device=ctx.device))  # a loss is scaled before unscale_ (torch's scaler starts its state there)
+    opt = torch.optim.SGD(params, lr=0.5)
+    before = [p.detach().clone() for p in params]
+    scaler.unscale_(opt)
+    stepped = scaler.step(opt)
+    scaler.update()
+    changed = any(not torch.equal(b, p.detach()) for b, p in zip(before, params))
+    return {"first": first, "stepped": stepped, "changed": changed, "scale": float(scaler.get_scale()),
+            "names": [n for n, _ in model.named_parameters()]}

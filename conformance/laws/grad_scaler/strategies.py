@@ -98,3 +98,27 @@ def spec_case(**kw) -> ScalerCase:
                 growth_interval=2, steps=2)
     base.update(kw)
     return ScalerCase(**base)
+
+
+@dataclass(frozen=True)
+class SubgroupCase:
+    """Two disjoint groups over W = 3 or 4 ranks, the even and the odd ranks (so a group
+    rank differs from its global rank: global rank 2 is rank 1 of the even group); one
+    element of one gradient on ``inject_rank`` is non-finite."""
+
+    world_size: int
+    seed: int
+    width: int
+    scale_exp: int
+    inject_rank: int
+    inject_param: int
+    kind: str  # "inf" | "-inf" | "nan"
+
+
+@st.composite
+def subgroup_cases(draw):
+    worlds = [w for w in (3, 4) if w <= max(available_world_sizes())] or [3]
+    pinned = pinned_world_size()
+    w = draw(st.sampled_from([pinned] if pinned and pinned >= 3 else worlds))
+    return SubgroupCase(w, draw(st.integers(0, 2**16)), draw(st.integers(2, 5)), draw(st.integers(0, 16)),
+                        draw(st.integers(0, w - 1)), draw(st.integers(0, 3)), draw(st.sampled_from(("inf", "-inf", "nan"))))
