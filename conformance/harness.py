@@ -59,7 +59,7 @@ Contract
       same code raise seconds apart -- and no longer once every one of them sleeps (Linux:
       blocked in a collective the raising rank will not join).
     - Time budgets: inside ``with time_budget(seconds, what)`` (a law's budget, set by
-      ``conformance.lawbook.check_examples``) every case's timeout is cut to what is left
+      ``conformance.lawbook.BudgetedLaw``) every case's timeout is cut to what is left
       of it; a case cut so is ``LawBudgetSpent`` (a ``RankTimeout``: "undecided", with
       where each rank was), and a case asked for once the budget is spent raises it at
       once.  The first start of a pool of each world size is not charged to the budget
