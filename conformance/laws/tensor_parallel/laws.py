@@ -30,7 +30,7 @@ from hypothesis import Phase, example, given, settings
 from hypothesis.errors import FlakyFailure
 
 from conformance.harness import available_world_sizes, pinned_world_size, run_on_ranks
-from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.lawbook import API, CONTRACT, BudgetedLaw, Law, by_name
 from conformance.verdicts import NeedsHardware, Verdict
 
 from . import checks, rank
@@ -173,6 +173,7 @@ def check_law(law: Law, subject: str, *, min_world: int = 1, explicit=(), go_on_
     among them still fails; then the first verdict is raised, and the law reads skipped with
     its reason, never passed."""
     declined: list[Verdict] = []
+    law = BudgetedLaw(law)  # a verdict within the law's time budget; the test below keeps its source (its draws)
 
     @given(case=law.cases(min_world=min_world))
     def run(case):
@@ -188,7 +189,7 @@ def check_law(law: Law, subject: str, *, min_world: int = 1, explicit=(), go_on_
 
     if settings_kwargs:
         run = settings(**settings_kwargs)(run)
-    run()
+    law.run(run)
     if declined:
         raise declined[0]
 

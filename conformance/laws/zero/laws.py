@@ -38,7 +38,7 @@ from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
 from conformance import oracle
-from conformance.lawbook import API, CONTRACT, Law, by_name
+from conformance.lawbook import API, CONTRACT, BudgetedLaw, Law, by_name
 from conformance.harness import available_world_sizes, pinned_world_size, run_on_ranks
 from conformance.target import NotOffered, load_target
 from conformance.accounting import optimizer_state_bytes
@@ -730,6 +730,7 @@ def check_law(law: Law, target_spec: str, device, **settings_overrides) -> None:
     example runs (inside Hypothesis it would be shrunk as a failure)."""
     on_ranks(rank_probe, 1, target_spec, law.needs, device=_device_type(device))
     strategy = law.cases(_device_type(device))
+    law = BudgetedLaw(law)  # a verdict within the law's time budget; the test below keeps its source (its draws)
 
     @settings(**settings_overrides)
     @given(case=strategy)
@@ -738,4 +739,4 @@ def check_law(law: Law, target_spec: str, device, **settings_overrides) -> None:
         law.check(target_spec, case, device)
 
     run.__qualname__ = run.__name__ = law.name
-    run()
+    law.run(run)
