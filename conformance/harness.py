@@ -509,7 +509,7 @@ def _barrier(dist, backend, rank):
 # may read a suite variable at import (a Triton kernel module would fix the interpreter;
 # triton itself reads TRITON_INTERPRET only when a kernel is decorated).
 # torch._inductor.config: torch.use_deterministic_algorithms imports it (and with it dynamo,
-# sympy and triton: 5 s of CPU a rank, 20 s on a loaded 2-core machine) on first use in every
+# sympy and triton: 3 s of CPU a rank, over 20 s on a loaded 2-core machine) on first use in every
 # rank that calls it; hypothesis: every laws package's strategies module imports it.
 _SERVER_PRELOAD = ["conformance.harness", "torch.distributed", "torch._inductor.config", "hypothesis"]
 
