@@ -35,6 +35,23 @@ def test_every_known_good_target_conforms_at_the_contract_tier(entry, tmp_path):
 
         if not torch.cuda.is_available():
             pytest.skip(f"needs a GPU: {entry.target} runs on CUDA only")
+    _judge_contract(entry, tmp_path)
+
+
+def test_a_broken_target_listed_as_known_good_is_refused(tmp_path):
+    """The judgement above bites: a kept mutant (the sampler seeded per rank, so ranks
+    disagree on the order) listed as if it were known-good reads FAILS at the contract."""
+    from conformance.selftests.known_good import KnownGood
+
+    broken = KnownGood("distributed sampler", "conformance.mutants.sampler:seeded_per_rank", "a kept mutant",
+                       ("conformance/spec/test_sampler.py",))
+    with pytest.raises(AssertionError, match="is correct but FAILS the contract"):
+        _judge_contract(broken, tmp_path)
+
+
+def _judge_contract(entry, tmp_path) -> None:
+    """Run ``entry``'s capability at the contract tier in a child pytest; AssertionError
+    unless its rows conform (a skip where nothing could run here)."""
     out = tmp_path / "report"
     cmd = [sys.executable, "-m", "pytest", *entry.tests, "--target", entry.target, "--contract-only",
            "-p", "no:xdist", "-p", "no:cacheprovider", "-q", "--hypothesis-profile", "known_good",
