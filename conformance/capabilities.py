@@ -20,7 +20,7 @@ from typing import Callable
 SELF = "self-check"
 
 BACKWARD_LAWS = ("gradients", "gradcheck", "backward")
-_ATTENTION_FLAVOUR = re.compile(r"(pytorch|triton)(?:-|$)")
+_ATTENTION_FLAVOUR = re.compile(r"(pytorch|triton|gluon)(?:-|$)")
 _DDP_FLAVOUR = re.compile(r"(individual|bucketed|ddp2026)(?:-|$)")
 
 
@@ -208,6 +208,7 @@ MODULES: dict[str, Callable[[Check], str]] = {
 FAMILY_MODULES = {
     "attention pytorch": ("conformance.spec.test_attention", "properties.test_attention"),
     "attention triton": ("conformance.spec.test_attention", "properties.test_attention"),
+    "attention gluon": ("conformance.spec.test_attention", "properties.test_attention"),
     "DDP individual": ("conformance.spec.test_ddp", "properties.test_ddp"),
     "DDP bucketed": ("conformance.spec.test_ddp", "properties.test_ddp"),
     "DDP ddp2026": ("conformance.spec.test_ddp", "properties.test_ddp"),

@@ -131,11 +131,13 @@ DEFAULT_TARGET = "impl"
 ATTENTION_FACTORIES = {
     "pytorch": "get_flashattention_autograd_function_pytorch",
     "triton": "get_flashattention_autograd_function_triton",
+    "gluon": "get_flashattention_autograd_function_gluon",
 }
 # Every capability of the protocol (a report row each) and the entry points that offer it.
 CAPABILITY_FACTORIES = {
     "attention pytorch": ("get_flashattention_autograd_function_pytorch",),
     "attention triton": ("get_flashattention_autograd_function_triton",),
+    "attention gluon": ("get_flashattention_autograd_function_gluon",),
     "DDP individual": ("get_ddp_individual_parameters", "ddp_individual_parameters_on_after_backward"),
     "DDP bucketed": ("get_ddp_bucketed", "ddp_bucketed_on_after_backward"),
     "DDP ddp2026": ("get_ddp", "ddp_on_after_backward"),
@@ -156,6 +158,7 @@ CAPABILITY_FACTORIES = {
 ALL_FACTORY_NAMES = (
     "get_flashattention_autograd_function_pytorch",
     "get_flashattention_autograd_function_triton",
+    "get_flashattention_autograd_function_gluon",
     "get_ddp_individual_parameters",
     "ddp_individual_parameters_on_after_backward",
     "get_ddp_bucketed",
@@ -203,7 +206,7 @@ class Target:
         return self.factory(factory_name)(*args, **kwargs)
 
     def attention(self, flavour: str):
-        """The attention autograd.Function class of one flavour ('pytorch' or 'triton')."""
+        """The attention autograd.Function class of one flavour ('pytorch', 'triton' or 'gluon')."""
         if flavour not in ATTENTION_FACTORIES:
             raise ValueError(f"unknown attention flavour {flavour!r}; expected one of {sorted(ATTENTION_FACTORIES)}")
         fn_cls = self.call(ATTENTION_FACTORIES[flavour])

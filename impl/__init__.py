@@ -28,6 +28,13 @@ def get_flashattention_autograd_function_triton():
     return FlashAttentionTriton
 
 
+def get_flashattention_autograd_function_gluon():
+    """FlashAttention on Hopper in Gluon (warp-specialised, TMA, wgmma); beyond the course."""
+    from .attention.flash_gluon import FlashAttentionGluon
+
+    return FlashAttentionGluon
+
+
 # --- data parallelism (2025 names) --------------------------------------------------
 
 

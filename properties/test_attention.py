@@ -9,10 +9,12 @@ import pytest
 import torch
 from hypothesis import settings
 
+from conformance.laws.attention.hopper import gluon_not_run_reason
+from conformance.verdicts import EnvironmentRefusal
 from conformance.laws.attention.laws import CONTRACT_LAWS, LAWS, check_law
 from conformance.profiles import sharded_examples
 
-FLAVOURS = ("pytorch", "triton")
+FLAVOURS = ("pytorch", "triton", "gluon")
 
 
 @pytest.fixture(params=FLAVOURS)
@@ -21,8 +23,11 @@ def flavour(request):
 
 
 @pytest.fixture
-def attn(target, flavour):
-    return target.attention(flavour)
+def attn(target, flavour, device):
+    fn = target.attention(flavour)
+    if flavour == "gluon" and (reason := gluon_not_run_reason(device)):
+        pytest.skip(EnvironmentRefusal(reason).reason)  # a Hopper GPU only: elsewhere "not run here"
+    return fn
 
 
 @pytest.mark.parametrize("law", CONTRACT_LAWS, ids=lambda law: law.name)

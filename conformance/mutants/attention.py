@@ -328,8 +328,36 @@ backward_plan_key_without_grad_output = SimpleNamespace(
     get_flashattention_autograd_function_triton=_backward_plan_key_without_grad_output,
     __name__="mutant:backward_plan_key_without_grad_output")
 
+def _gluon_mutant(name: str):
+    def factory():
+        from impl.attention.flash_gluon import mutant_function
+
+        return mutant_function(name)
+
+    return SimpleNamespace(get_flashattention_autograd_function_gluon=factory, __name__=f"mutant:{name}")
+
+
+# The schedule's own bugs, in impl's Gluon kernel (impl/attention/flash_gluon.py, MUTANTS):
+# they show on a Hopper GPU only, and read "not run here" elsewhere.
+GLUON_SPECS = (
+    ("slot_overwritten_before_consumed",
+     "impl's Gluon loader warp refills a K/V ring slot without waiting on its empty barrier: TMA overwrites a tile "
+     "the consumer warps have not finished reading"),
+    ("ready_phase_off_by_one",
+     "impl's Gluon forward waits on the K slot's ready barrier with the wrong parity: a fresh barrier reports it "
+     "complete at once, so the scores read K before TMA has landed it"),
+    ("rescale_skipped",
+     "impl's Gluon forward does not rescale the running output by exp(m_old - m_new) when the row maximum moves "
+     "between key tiles"),
+)
+for _name, _ in GLUON_SPECS:
+    globals()[_name] = _gluon_mutant(_name)
+
 MUTANTS = tuple(
     Mutant(m.name, "attention", m.bug, m.caught_by, target=f"{__name__}:{m.name}", flavour="pytorch") for m in SPECS
+) + tuple(
+    Mutant(name, "attention", bug, ("forward_matches_float64_reference", "contract_forward_matches_float64_reference"),
+           target=f"{__name__}:{name}", flavour="gluon") for name, bug in GLUON_SPECS
 ) + (
     Mutant("plan_key_without_strides", "attention",
            "impl's Triton launch plans keyed without the inputs' strides: another layout of the same shapes reuses stale strides",
@@ -347,3 +375,5 @@ globals().update({m.name: m.target() for m in SPECS})
 correct = BuggyFlashSpec("correct", "no bug: the mutants' shared implementation with every switch off", ()).target()
 correct.get_flashattention_autograd_function_pytorch = (lambda fn=buggy_flash(frozenset()): fn)
 correct.get_flashattention_autograd_function_triton = _impl_triton  # the control of the Triton-flavour mutant
+correct.get_flashattention_autograd_function_gluon = lambda: __import__(  # and of the Gluon-flavour ones
+    "impl.attention.flash_gluon", fromlist=["FlashAttentionGluon"]).FlashAttentionGluon

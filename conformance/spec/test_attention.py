@@ -6,10 +6,12 @@ The PyTorch flavour's CS336 tier leaves out causal masking (the handout lets it 
 
 import pytest
 
+from conformance.laws.attention.hopper import gluon_not_run_reason
+from conformance.verdicts import EnvironmentRefusal
 from conformance.laws.attention import spec
 from conformance.laws.attention.laws import fresh_compile_caches
 
-FLAVOURS = ("pytorch", "triton")
+FLAVOURS = ("pytorch", "triton", "gluon")
 
 
 @pytest.fixture(params=FLAVOURS)
@@ -18,8 +20,11 @@ def flavour(request):
 
 
 @pytest.fixture
-def attn(target, flavour):
-    return target.attention(flavour)
+def attn(target, flavour, device):
+    fn = target.attention(flavour)
+    if flavour == "gluon" and (reason := gluon_not_run_reason(device)):
+        pytest.skip(EnvironmentRefusal(reason).reason)  # a Hopper GPU only: elsewhere "not run here"
+    return fn
 
 
 def _by_flavour(tier):

@@ -12,6 +12,7 @@ The grid is CS336's flash_benchmarking one: batch 1, causal, sequence lengths 12
 
 Implementations (``--impls``)
     triton           this target's FlashAttention-2 in Triton (default target: impl)
+    gluon            this target's Hopper FlashAttention in Gluon (warp-specialised; Hopper GPUs only)
     pytorch          this target's FlashAttention-2 in PyTorch tiles
     eager            S = Q K^T / sqrt(d), causal mask, softmax, P V; autograd backward
     sdpa             torch SDPA, backend of PyTorch's choosing
@@ -62,7 +63,7 @@ from perf.lib.workloads import (PASSES, SDPA_BACKENDS, attention_flops, eager_at
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SDPA_IMPLS = tuple(f"sdpa_{backend}" for backend in SDPA_BACKENDS)  # sdpa_flash, sdpa_cudnn, ...
-IMPL_NAMES = ("triton", "pytorch", "eager", "sdpa", *SDPA_IMPLS, "compiled_eager")
+IMPL_NAMES = ("triton", "gluon", "pytorch", "eager", "sdpa", *SDPA_IMPLS, "compiled_eager")
 
 # CS336's grid on a GPU; a tiny one on the CPU (Triton runs under its interpreter there).
 CUDA_DEFAULTS = dict(seq=[2**i for i in range(7, 17)], dims=[16, 32, 64, 128], dtypes=["bf16", "fp32"],
@@ -102,7 +103,7 @@ def _target_attention(flavour: str, target_spec: str | None):
 
 
 def make_impl(name: str, target_spec: str | None = None) -> AttentionImpl:
-    if name in ("triton", "pytorch"):
+    if name in ("triton", "gluon", "pytorch"):
         return AttentionImpl(name, _target_attention(name, target_spec))
     if name == "eager":
         return AttentionImpl(name, eager_attention)

@@ -434,7 +434,7 @@ CONTRACT_LAWS = (
     _contract("contract_forward_matches_float64_reference", forward_matches_float64_reference),
     _contract("contract_gradients_match_float64_reference", gradients_match_float64_reference),
     _contract("contract_logsumexp_is_row_logsumexp", logsumexp_is_row_logsumexp_and_at_least_row_max),
-    _contract("contract_causal_output_ignores_future_keys", causal_output_ignores_future_keys, causal=True, flavours=("triton",)),
+    _contract("contract_causal_output_ignores_future_keys", causal_output_ignores_future_keys, causal=True, flavours=("triton", "gluon")),
     _contract("contract_long_sequences_in_bf16_match_float64_reference", forward_matches_float64_reference, long=True),
     _contract("contract_bf16_runs_and_keeps_the_contracts_dtypes", bf16_runs_and_keeps_the_contracts_dtypes),
 )

@@ -65,7 +65,8 @@ import torch
 
 from conformance import isolation, oracle
 from conformance.verdicts import NeedsHardware, Verdict, classify
-from conformance.laws.attention.strategies import AttentionCase
+from conformance.laws.attention.hopper import GLUON_DTYPES, GLUON_HEAD_DIMS
+from conformance.laws.attention.strategies import AttentionCase, Budget, fit_to_budget
 from conformance.laws.attention.laws import (
     _judge,
     accepts_scale,
@@ -79,8 +80,38 @@ from conformance.laws.attention.laws import (
 )
 
 
+# The domain of the flavour whose checks run now (a Budget), or None: any head dim and dtype.
+# The Gluon flavour offers d 64 and 128 in 16-bit only: its tier runs the same checks with
+# each case moved into that domain (strategies.fit_to_budget), the same shapes otherwise.
+_DOMAIN: list = [None]
+
+
 def _case(batch=(4,), n_q=128, n_k=128, d=64, dtype=torch.float32, causal=False, scale=None, layout="contiguous", seed=0):
-    return AttentionCase(batch, n_q, n_k, d, dtype, causal, scale, 1.0, layout, seed)
+    case = AttentionCase(batch, n_q, n_k, d, dtype, causal, scale, 1.0, layout, seed)
+    return case if _DOMAIN[0] is None else fit_to_budget(case, _DOMAIN[0])
+
+
+def _dtype(default=torch.float32) -> torch.dtype:
+    """``default`` where the running flavour offers it, else its widest 16-bit dtype."""
+    domain = _DOMAIN[0]
+    return default if domain is None or default in domain.dtypes else domain.dtypes[-1]
+
+
+GLUON_DOMAIN = Budget(max_len=1 << 16, max_batch_elems=64, head_dims=GLUON_HEAD_DIMS, dtypes=GLUON_DTYPES)
+
+
+def _within(domain, check):
+    """``check`` with its cases moved into ``domain``."""
+    def run(attn, device):
+        _DOMAIN[0] = domain
+        try:
+            check(attn, device)
+        finally:
+            _DOMAIN[0] = None
+
+    run.__name__ = run.__qualname__ = check.__name__
+    run.__doc__ = check.__doc__
+    return run
 
 
 # --- CS336 tier ----------------------------------------------------------------------
@@ -401,7 +432,7 @@ SHAPE_WORDS = ("shape", "size")
 
 def bad_input_errors(attn, device):
     """Bad input raises ValueError/TypeError naming the problem, before any kernel runs."""
-    t = lambda *shape, dtype=torch.float32: torch.randn(*shape, dtype=dtype, device=device)  # noqa: E731
+    t = lambda *shape, dtype=_dtype(): torch.randn(*shape, dtype=dtype, device=device)  # noqa: E731
     cases = [
         ("mismatched head dims", lambda: attn.apply(t(2, 8, 16), t(2, 8, 32), t(2, 8, 32)), ("head dim", "dim") + SHAPE_WORDS, (16, 32)),
         ("mismatched batch dims", lambda: attn.apply(t(2, 8, 16), t(3, 8, 16), t(3, 8, 16)), ("batch",) + SHAPE_WORDS, (2, 3)),
@@ -535,6 +566,23 @@ API = {
                        for c in _API_BOTH),
     "triton": _API_BOTH,
 }
+
+
+def unsupported_head_dims_and_dtypes_are_named(attn, device):
+    """A flavour with a narrower domain (the Gluon flavour: d 64 and 128, 16-bit) refuses
+    what is outside it with an error naming it, before any kernel runs."""
+    t = lambda *shape, dtype=torch.bfloat16: torch.randn(*shape, dtype=dtype, device=device)  # noqa: E731
+    _expect_error("head dim 96", (ValueError, TypeError), ("head dim", "head size"), lambda: attn.apply(t(1, 64, 96), t(1, 64, 96), t(1, 64, 96)), (96,))
+    _expect_error("float32 inputs", (ValueError, TypeError), ("dtype", "float32"),
+                  lambda: attn.apply(*(t(1, 64, 64, dtype=torch.float32),) * 3))
+
+
+# The Gluon flavour: the Triton flavour's tiers over its own domain; the head-dim and float32
+# rows are replaced by the row that says those inputs are refused by name.
+CS336["gluon"] = tuple(_within(GLUON_DOMAIN, c) for c in CS336["triton"])
+API["gluon"] = tuple(_within(GLUON_DOMAIN, c) for c in _API_BOTH
+                     if c not in (standard_head_dims, odd_head_dims, float32_inputs_keep_float32_accuracy)) + (
+    unsupported_head_dims_and_dtypes_are_named,)
 
 # By name, each check as the Triton flavour runs it (masks included): what a kept mutant's
 # rejection runs, whichever flavour it breaks.

@@ -120,7 +120,15 @@ class Budget:
     dtypes: tuple[torch.dtype, ...]
 
 
+# Flavours written as kernels, whose contract includes causal masking (the handout's part (c)).
+KERNEL_FLAVOURS = ("triton", "gluon")
+
+
 def budget_for(flavour: str, device: torch.device) -> Budget:
+    if flavour == "gluon":  # its own domain only (a Hopper GPU; elsewhere its checks are not run)
+        from conformance.laws.attention.hopper import GLUON_DTYPES, GLUON_HEAD_DIMS
+
+        return Budget(max_len=1100, max_batch_elems=8, head_dims=GLUON_HEAD_DIMS, dtypes=GLUON_DTYPES)
     if device.type == "cuda":
         return Budget(
             max_len=1100,
@@ -218,7 +226,7 @@ def contract_cases(draw, budget: Budget, flavour: str, *, long: bool = False, ca
     and the softmax denominator in the input precision shows."""
     dtypes = [t for t in (torch.float32, torch.bfloat16) if t in budget.dtypes]
     if causal is None:
-        causal = draw(st.booleans()) if flavour == "triton" else False
+        causal = draw(st.booleans()) if flavour in KERNEL_FLAVOURS else False
     return AttentionCase(
         batch=(1,) if long else (draw(st.integers(1, max(1, min(4, budget.max_batch_elems)))),),
         n_q=(n := draw(st.sampled_from(contract_lengths(budget, flavour, long)))),
@@ -251,7 +259,16 @@ def boundary_cases(budget: Budget) -> list[AttentionCase]:
     # Each of q, k, v and dO in a layout of its own, with more than one key and batch element:
     # a launch that passes one tensor's strides for another's shows here, not by chance.
     cases.append(AttentionCase((2,), 17, 24, 16, torch.float32, True, None, 1.0, "mixed", 3000))
-    return cases
+    return [fit_to_budget(c, budget) for c in cases]
+
+
+def fit_to_budget(case: AttentionCase, budget: Budget) -> AttentionCase:
+    """The case with its head dim and dtype moved into what the flavour offers (the smallest
+    head dim it has; its widest 16-bit dtype where float32 is not offered): the same shape
+    and masking otherwise.  A case already inside is returned unchanged."""
+    d = case.d if case.d in budget.head_dims else min(budget.head_dims, key=lambda h: (h < case.d, abs(h - case.d)))
+    dtype = case.dtype if case.dtype in budget.dtypes else budget.dtypes[-1]
+    return replace(case, d=d, dtype=dtype)
 
 
 def tiny_float64_cases() -> st.SearchStrategy[AttentionCase]:

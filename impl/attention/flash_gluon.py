@@ -1,0 +1,640 @@
+"""FlashAttention forward and backward for Hopper in Gluon: TMA loads by a loader warp,
+asynchronous warp-group MMA, the softmax of one key tile overlapped with the P V product
+of the one before (the schedule of FlashAttention-3, Shah et al. 2024, section 3.2).
+
+Contract
+    FlashAttentionGluon.apply(q, k, v, is_causal=False, scale=None) -> O
+    q: (..., N_q, d), k and v: (..., N_k, d), equal leading dims (merged into two levels,
+    batch and head, as the Triton flavour does).  N_q, N_k >= 1, any lengths, N_q != N_k
+    allowed: TMA fills the rows past a head's end with zeros and the last key tile is
+    masked, so ragged tails need no padding.  Head dim d 64 or 128.  dtypes float16 and
+    bfloat16 (products accumulate in float32; P and dS are cast to the input dtype for
+    their products; softmax statistics are float32).  A CUDA device of compute capability
+    9.x (Hopper): wgmma, TMA and warp specialisation exist nowhere else; anything else is a
+    clear error before any kernel runs (``GluonUnavailable`` on a machine without one).
+    is_causal: query i sees keys j <= i, top-left aligned (absolute indices, as the other
+    flavours).  scale: softmax scale, default 1/sqrt(d).
+    Strides: TMA reads q, k, v in place when the head dim is contiguous and every other
+    stride and the base are multiples of 16 bytes; otherwise the input is copied once.
+    Returns O in the input dtype, dense in q's memory order (as the Triton flavour).
+    Saved for backward: q, k, v, O and L = logsumexp of the scaled scores (natural log,
+    float32, shape q.shape[:-1], contiguous), the only saved tensor of that shape.
+
+Schedule
+    Forward: one program per (128-row query tile, batch-head); the default partition's 8
+    warps (two warpgroups of 64 rows) compute, one loader warp issues TMA loads of K_j and
+    V_j into a STAGES-deep ring of shared-memory slots, each slot with a "ready" mbarrier
+    (TMA completes it) and an "empty" one (the consumers arrive when their MMAs that read
+    it have retired).  Per key tile j the consumers issue S_j = Q K_j^T, then
+    O += P_{j-1} V_{j-1}, both asynchronous; wait for S_j alone, free K_j's slot, run the
+    softmax of tile j while the P V product is in flight, then wait for it, free V's
+    slot and rescale O by exp(m_{j-1} - m_j).
+    Backward: a dQ kernel (one program per query tile; K_j, V_j fed by the loader warp)
+    that first stores D_i = rowsum(dO_i * O_i), then a dK/dV kernel (one program per key
+    tile; Q_i, dO_i fed by the loader warp) that reads D and L.  P = exp(S - L) is
+    recomputed, N_q x N_k is never stored, no atomics: dQ, dK, dV are the same bits on
+    every call.
+    Phases: slot s of tile i waits on parity (i // STAGES) & 1; the loader's first pass
+    waits on parity 1 of the empty barrier, which a fresh mbarrier reports complete.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from impl.attention.validation import validate_attention_inputs
+
+try:  # Gluon ships with Triton >= 3.4; the Hopper modules need nothing of the machine to import
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    GLUON_IMPORT_ERROR = None
+except ImportError as exc:  # pragma: no cover - older Triton
+    GLUON_IMPORT_ERROR = exc
+
+GLUON_DTYPES = (torch.float16, torch.bfloat16)
+GLUON_HEAD_DIMS = (64, 128)
+LOG2E = 1.4426950408889634
+
+
+class GluonUnavailable(RuntimeError):
+    """This machine cannot run the Gluon flavour (no Hopper GPU, or no Gluon in Triton)."""
+
+
+def hopper_reason(device: torch.device | None = None) -> str | None:
+    """Why the Gluon kernels cannot run on ``device`` (default: the current CUDA device), or None."""
+    if GLUON_IMPORT_ERROR is not None:
+        return f"this Triton ({triton.__version__}) has no Gluon Hopper modules: {GLUON_IMPORT_ERROR}"
+    if not torch.cuda.is_available():
+        return "the Gluon flavour needs a Hopper GPU (compute capability 9.x); this machine has no CUDA device"
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    if major != 9:
+        name = torch.cuda.get_device_name(index)
+        return (f"the Gluon flavour needs a Hopper GPU (compute capability 9.x); cuda:{index} is {name} "
+                f"(compute capability {major}.{minor})")
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------
+
+if GLUON_IMPORT_ERROR is None:
+
+    @gluon.constexpr_function
+    def _mma_layout(n, num_warps):
+        """wgmma accumulator layout: warps stacked along M (16 rows each), n columns an instruction."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+    @gluon.constexpr_function
+    def _operand_a(parent):
+        """Register layout of a 16-bit A operand of a wgmma whose accumulator has ``parent``."""
+        return gl.DotOperandLayout(operand_index=0, parent=parent, k_width=2)
+
+    @gluon.jit
+    def _tile(bufs, slot, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """Slot ``slot`` of a ring of (1, 1, BLOCK, HEAD_DIM) TMA tiles, seen as a matrix."""
+        return bufs.index(slot).reshape([BLOCK, HEAD_DIM])
+
+    @gluon.jit
+    def _release(empty_bars, slot):
+        """Every consumer warp is past the wait of the MMAs that read the slot: hand it back.
+        (Without the barrier one warpgroup could free a slot the other still reads.)"""
+        gl.thread_barrier()
+        mbarrier.arrive(empty_bars.index(slot), count=1)
+
+    @gluon.jit
+    def _load_ring(a_desc, b_desc, a_bufs, b_bufs, a_ready, a_empty, b_ready, b_empty,
+                   b_i, h_i, first_tile, n_tiles, BLOCK: gl.constexpr, STAGES: gl.constexpr,
+                   MUTANT: gl.constexpr = 0):
+        """The loader warp: tiles first_tile .. first_tile + n_tiles - 1 of A and B, in order."""
+        for i in range(n_tiles):
+            slot = i % STAGES
+            phase = (i // STAGES) & 1
+            row = (first_tile + i) * BLOCK
+            if MUTANT != 1:  # the kept mutant 1 overwrites a slot before its consumer is done with it
+                mbarrier.wait(a_empty.index(slot), phase ^ 1)
+            mbarrier.expect(a_ready.index(slot), a_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [b_i, h_i, row, 0], a_ready.index(slot), a_bufs.index(slot))
+            if MUTANT != 1:
+                mbarrier.wait(b_empty.index(slot), phase ^ 1)
+            mbarrier.expect(b_ready.index(slot), b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(b_desc, [b_i, h_i, row, 0], b_ready.index(slot), b_bufs.index(slot))
+
+    @gluon.jit
+    def _online_softmax(s, m_i, l_i, key_start, q_start, n_k, qk_scale,
+                        IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        s_layout: gl.constexpr, SKIP_RESCALE: gl.constexpr):
+        """One key tile of the online softmax (raw-score units for m; exp2 with scale*log2 e).
+        Masks only tiles that cross the end of the keys or the causal diagonal."""
+        crosses_end = key_start + BLOCK_N > n_k
+        crosses_diagonal = IS_CAUSAL and key_start + BLOCK_N - 1 > q_start
+        if crosses_end or crosses_diagonal:
+            cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            rows = q_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            keep = cols[None, :] < n_k
+            if IS_CAUSAL:
+                keep = keep & (cols[None, :] <= rows[:, None])
+            s = gl.where(keep, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        if SKIP_RESCALE:  # a kept mutant: the running output is not rescaled when the max moves
+            alpha = gl.full_like(m_new, 1.0)
+        else:
+            alpha = gl.exp2((m_i - m_new) * qk_scale)
+        p = gl.exp2(s * qk_scale - (m_new * qk_scale)[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        return p, m_new, l_i, alpha
+
+    @gluon.jit
+    def _fwd_consumer(q_smem, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                      o_ptr, lse_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles, qk_scale, sm_scale,
+                      stride_ob, stride_oh, stride_on, lse_row0,
+                      IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+                      MUTANT: gl.constexpr):
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
+        o_layout: gl.constexpr = _mma_layout(HEAD_DIM, num_warps)
+        p_layout: gl.constexpr = _operand_a(o_layout)
+        dtype: gl.constexpr = q_smem.dtype
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+
+        # The kept mutant 2 waits on the wrong parity: a fresh barrier reports it complete at once.
+        flip: gl.constexpr = 1 if MUTANT == 2 else 0
+        mbarrier.wait(q_bar, 0)
+        # Tile 0: its scores and softmax, no product in flight yet.
+        mbarrier.wait(k_ready.index(0), 0 ^ flip)
+        s = warpgroup_mma(q_smem, _tile(k_bufs, 0, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
+                          use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        _release(k_empty, 0)
+        p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, 0, q_start, n_k, qk_scale, IS_CAUSAL, BLOCK_M,
+                                             BLOCK_N, s_layout, MUTANT == 3)
+        for j in range(1, n_tiles):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(slot), ((j // STAGES) & 1) ^ flip)
+            s_tok = warpgroup_mma(q_smem, _tile(k_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc = warpgroup_mma(p_op, _tile(v_bufs, prev, BLOCK_N, HEAD_DIM), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j retired; P_{j-1} V_{j-1} may still run
+            _release(k_empty, slot)
+            p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, j * BLOCK_N, q_start, n_k, qk_scale, IS_CAUSAL,
+                                                 BLOCK_M, BLOCK_N, s_layout, MUTANT == 3)
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            _release(v_empty, prev)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        last = (n_tiles - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = warpgroup_mma(p_op, _tile(v_bufs, last, BLOCK_N, HEAD_DIM), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+        _release(v_empty, last)
+
+        # O = acc / l; L = m * scale + ln l (natural log, per query row).
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+        out = (acc / l_o[:, None]).to(dtype)
+        rows = q_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_base = o_ptr + b_i * stride_ob + h_i * stride_oh
+        gl.store(o_base + rows[:, None] * stride_on + cols[None, :], out, mask=(rows < n_q)[:, None])
+        lse_rows = q_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        lse = m_i * sm_scale + gl.log(l_i)
+        gl.store(lse_ptr + lse_row0 + lse_rows, lse, mask=lse_rows < n_q)
+
+    @gluon.jit
+    def _flash_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, H, n_q, n_k, qk_scale, sm_scale,
+                          stride_ob, stride_oh, stride_on,
+                          IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+                          MUTANT: gl.constexpr):
+        bh = gl.program_id(0)
+        n_m_tiles = gl.num_programs(1)
+        m_tile = gl.program_id(1)
+        if IS_CAUSAL:  # the tiles with the most keys first, so the last wave is short ones
+            m_tile = n_m_tiles - 1 - m_tile
+        b_i = bh // H
+        h_i = bh % H
+        q_start = m_tile * BLOCK_M
+        if IS_CAUSAL:
+            n_tiles = gl.cdiv(gl.minimum(n_k, q_start + BLOCK_M), BLOCK_N)
+        else:
+            n_tiles = gl.cdiv(n_k, BLOCK_N)
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=1)
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b_i, h_i, q_start, 0], q_bar, q_smem)
+
+        q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
+        gl.warp_specialize([
+            (_fwd_consumer, (q_tile, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                             o_ptr, lse_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles, qk_scale, sm_scale,
+                             stride_ob, stride_oh, stride_on, bh * n_q,
+                             IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps, MUTANT)),
+            (_load_ring, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                          b_i, h_i, 0, n_tiles, BLOCK_N, STAGES, MUTANT)),
+        ], [1], [24])
+
+    @gluon.jit
+    def _bwd_dq_consumer(q_tile, do_tile, fixed_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                         o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles,
+                         qk_scale, sm_scale, stride_ob, stride_oh, stride_on, stride_gb, stride_gh, stride_gn,
+                         stride_qb, stride_qh, stride_qn, row0,
+                         IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
+        o_layout: gl.constexpr = _mma_layout(HEAD_DIM, num_warps)
+        ds_layout: gl.constexpr = _operand_a(o_layout)
+        dtype: gl.constexpr = q_tile.dtype
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+        # D_i = rowsum(dO_i * O_i), float32, stored for the dK/dV kernel.
+        rows_o = q_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        in_rows = (rows_o < n_q)[:, None]
+        o = gl.load(o_ptr + b_i * stride_ob + h_i * stride_oh + rows_o[:, None] * stride_on + cols_o[None, :],
+                    mask=in_rows, other=0.0)
+        do = gl.load(do_ptr + b_i * stride_gb + h_i * stride_gh + rows_o[:, None] * stride_gn + cols_o[None, :],
+                     mask=in_rows, other=0.0)
+        delta_o = gl.sum(o.to(gl.float32) * do.to(gl.float32), axis=1)
+        gl.store(delta_ptr + row0 + rows_o, delta_o, mask=rows_o < n_q)
+        delta = gl.convert_layout(delta_o, row_layout)
+        rows = q_start + gl.arange(0, BLOCK_M, layout=row_layout)
+        lse2 = gl.load(lse_ptr + row0 + rows, mask=rows < n_q, other=float("inf")) * 1.4426950408889634
+
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        mbarrier.wait(fixed_bar, 0)
+        for j in range(n_tiles):
+            slot = j % STAGES
+            phase = (j // STAGES) & 1
+            k_tile = _tile(k_bufs, slot, BLOCK_N, HEAD_DIM)
+            mbarrier.wait(k_ready.index(slot), phase)
+            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(slot), phase)
+            dp = warpgroup_mma(do_tile, _tile(v_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
+                               use_acc=False, is_async=True)
+            s, dp = warpgroup_mma_wait(0, deps=(s, dp))
+            _release(v_empty, slot)
+            p = gl.exp2(s * qk_scale - lse2[:, None])
+            key_start = j * BLOCK_N
+            if key_start + BLOCK_N > n_k or (IS_CAUSAL and key_start + BLOCK_N - 1 > q_start):
+                cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                keep = cols[None, :] < n_k
+                if IS_CAUSAL:
+                    keep = keep & (cols[None, :] <= rows[:, None])
+                p = gl.where(keep, p, 0.0)
+            ds = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), ds_layout)
+            dq = warpgroup_mma(ds, k_tile, dq, is_async=True)
+            dq, ds = warpgroup_mma_wait(0, deps=(dq, ds))
+            _release(k_empty, slot)
+        dq = (dq * sm_scale).to(dtype)
+        gl.store(dq_ptr + b_i * stride_qb + h_i * stride_qh + rows_o[:, None] * stride_qn + cols_o[None, :], dq,
+                 mask=in_rows)
+
+    @gluon.jit
+    def _flash_bwd_dq_kernel(q_desc, do_desc, k_desc, v_desc, o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
+                             H, n_q, n_k, qk_scale, sm_scale,
+                             stride_ob, stride_oh, stride_on, stride_gb, stride_gh, stride_gn,
+                             stride_qb, stride_qh, stride_qn,
+                             IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        bh = gl.program_id(0)
+        m_tile = gl.program_id(1)
+        if IS_CAUSAL:
+            m_tile = gl.num_programs(1) - 1 - m_tile
+        b_i = bh // H
+        h_i = bh % H
+        q_start = m_tile * BLOCK_M
+        if IS_CAUSAL:
+            n_tiles = gl.cdiv(gl.minimum(n_k, q_start + BLOCK_M), BLOCK_N)
+        else:
+            n_tiles = gl.cdiv(n_k, BLOCK_N)
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
+        k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        fixed_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(fixed_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=1)
+        mbarrier.expect(fixed_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b_i, h_i, q_start, 0], fixed_bar, q_smem)
+        tma.async_copy_global_to_shared(do_desc, [b_i, h_i, q_start, 0], fixed_bar, do_smem)
+
+        gl.warp_specialize([
+            (_bwd_dq_consumer, (q_smem.reshape([BLOCK_M, HEAD_DIM]), do_smem.reshape([BLOCK_M, HEAD_DIM]), fixed_bar,
+                                k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                                o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles,
+                                qk_scale, sm_scale, stride_ob, stride_oh, stride_on, stride_gb, stride_gh, stride_gn,
+                                stride_qb, stride_qh, stride_qn, bh * n_q,
+                                IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps)),
+            (_load_ring, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                          b_i, h_i, 0, n_tiles, BLOCK_N, STAGES)),
+        ], [1], [24])
+
+    @gluon.jit
+    def _bwd_dkdv_consumer(k_tile, v_tile, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                           dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k, n_tiles,
+                           qk_scale, sm_scale, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                           row0,
+                           IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        # Transposed scores: rows are this program's keys, columns a tile of queries.
+        st_layout: gl.constexpr = _mma_layout(BLOCK_M, num_warps)
+        kv_layout: gl.constexpr = _mma_layout(HEAD_DIM, num_warps)
+        op_layout: gl.constexpr = _operand_a(kv_layout)
+        dtype: gl.constexpr = k_tile.dtype
+        col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
+        keys = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+
+        st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+        mbarrier.wait(fixed_bar, 0)
+        for i in range(n_tiles):
+            slot = i % STAGES
+            phase = (i // STAGES) & 1
+            q_start = (first_tile + i) * BLOCK_M
+            queries = q_start + gl.arange(0, BLOCK_M, layout=col_layout)
+            in_q = queries < n_q
+            lse2 = gl.load(lse_ptr + row0 + queries, mask=in_q, other=float("inf")) * 1.4426950408889634
+            delta = gl.load(delta_ptr + row0 + queries, mask=in_q, other=0.0)
+            q_tile = _tile(q_bufs, slot, BLOCK_M, HEAD_DIM)
+            do_tile = _tile(do_bufs, slot, BLOCK_M, HEAD_DIM)
+            mbarrier.wait(q_ready.index(slot), phase)
+            st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            mbarrier.wait(do_ready.index(slot), phase)
+            dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
+            pt = gl.exp2(st * qk_scale - lse2[None, :])
+            keep = in_q[None, :] & (keys[:, None] < n_k)
+            if IS_CAUSAL:
+                keep = keep & (keys[:, None] <= queries[None, :])
+            pt = gl.where(keep, pt, 0.0)
+            dst = (pt * (dpt - delta[None, :])).to(dtype)
+            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+            dst_op = gl.convert_layout(dst, op_layout)
+            dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+            dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
+            dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, pt_op, dst_op))
+            _release(do_empty, slot)
+            _release(q_empty, slot)
+        rows = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        in_rows = (rows < n_k)[:, None]
+        gl.store(dk_ptr + b_i * stride_kb + h_i * stride_kh + rows[:, None] * stride_kn + cols[None, :],
+                 (dk * sm_scale).to(dtype), mask=in_rows)
+        gl.store(dv_ptr + b_i * stride_vb + h_i * stride_vh + rows[:, None] * stride_vn + cols[None, :],
+                 dv.to(dtype), mask=in_rows)
+
+    @gluon.jit
+    def _flash_bwd_dkdv_kernel(k_desc, v_desc, q_desc, do_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
+                               H, n_q, n_k, qk_scale, sm_scale,
+                               stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                               IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        bh = gl.program_id(0)
+        b_i = bh // H
+        h_i = bh % H
+        key_start = gl.program_id(1) * BLOCK_N
+        n_q_tiles = gl.cdiv(n_q, BLOCK_M)
+        first_tile = 0
+        if IS_CAUSAL:  # queries before key_start see none of these keys
+            first_tile = gl.minimum(key_start // BLOCK_M, n_q_tiles)
+        n_tiles = n_q_tiles - first_tile
+
+        dtype: gl.constexpr = k_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+        q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+        do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        fixed_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(fixed_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=1)
+            mbarrier.init(do_ready.index(i), count=1)
+            mbarrier.init(do_empty.index(i), count=1)
+        mbarrier.expect(fixed_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b_i, h_i, key_start, 0], fixed_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [b_i, h_i, key_start, 0], fixed_bar, v_smem)
+
+        gl.warp_specialize([
+            (_bwd_dkdv_consumer, (k_smem.reshape([BLOCK_N, HEAD_DIM]), v_smem.reshape([BLOCK_N, HEAD_DIM]), fixed_bar,
+                                  q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                                  dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k,
+                                  n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
+                                  stride_vb, stride_vh, stride_vn, bh * n_q,
+                                  IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps)),
+            (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                          b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
+        ], [1], [24])
+
+
+# ---------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """Tiles of one kernel: BLOCK_M query rows and BLOCK_N keys a tile, STAGES ring slots,
+    num_warps consumer warps (the loader warp comes on top), maxnreg the per-thread
+    register cap at launch that warp specialisation redistributes (loader 24, consumers the rest)."""
+
+    block_m: int
+    block_n: int
+    stages: int
+    num_warps: int = 8
+    maxnreg: int = 168
+
+
+FORWARD_CONFIGS = {64: GluonConfig(128, 128, 3), 128: GluonConfig(128, 128, 2)}
+BACKWARD_DQ_CONFIGS = {64: GluonConfig(128, 64, 3), 128: GluonConfig(128, 64, 2)}
+BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
+
+# Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
+MUTANTS = {"slot_overwritten_before_consumed": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3}
+
+
+def _gl_dtype(dtype: torch.dtype):
+    return gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+
+
+def _as_4d(t: torch.Tensor) -> torch.Tensor:
+    """(..., N, d) -> (B, H, N, d), a view whenever the strides allow one."""
+    if t.dim() == 2:
+        return t[None, None]
+    if t.dim() == 3:
+        return t[:, None]
+    if t.dim() == 4:
+        return t
+    return t.reshape(-1, *t.shape[-3:])
+
+
+def _tma_readable(t: torch.Tensor) -> torch.Tensor:
+    """t itself where TMA can read it (head dim contiguous; base and other strides multiples
+    of 16 bytes), else a contiguous copy."""
+    size = t.element_size()
+    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * size) % 16 == 0 for s in t.stride()[:-1]):
+        return t
+    return t.contiguous()
+
+
+def _descriptor(t4: torch.Tensor, block_rows: int):
+    """A host TMA descriptor of a (B, H, N, d) tensor in (1, 1, block_rows, d) tiles; rows
+    past N read as zeros."""
+    block = [1, 1, block_rows, t4.shape[-1]]
+    layout = gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(t4.dtype))
+    return TensorDescriptor(t4, list(t4.shape), list(t4.stride()), block, layout)
+
+
+def _dense_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialised output of t's shape and dtype, dense in t's memory order."""
+    if t.is_contiguous():
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+    order = sorted(range(t.dim() - 1), key=lambda i: (-t.stride(i), i)) + [t.dim() - 1]
+    strides, size = [0] * t.dim(), 1
+    for i in reversed(order):
+        strides[i] = size
+        size *= t.shape[i]
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+
+
+def _validate(q, k, v, is_causal, scale) -> float:
+    scale = validate_attention_inputs(q, k, v, is_causal, scale, dtypes=GLUON_DTYPES)
+    d = q.shape[-1]
+    if d not in GLUON_HEAD_DIMS:
+        raise ValueError(f"attention (Gluon): unsupported head dim {d}; supported: 64, 128")
+    if q.device.type != "cuda":
+        raise ValueError(f"attention (Gluon): tensors must be on a CUDA device (Hopper), got {q.device}")
+    reason = hopper_reason(q.device)
+    if reason:
+        raise GluonUnavailable(f"attention (Gluon): {reason}")
+    return scale
+
+
+def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None, *, mutant: int = 0):
+    """O and L (natural-log logsumexp, float32, q.shape[:-1]) of attention(q, k, v)."""
+    scale = _validate(q, k, v, is_causal, scale)
+    q4, k4, v4 = (_tma_readable(_as_4d(t)) for t in (q, k, v))
+    B, H, n_q, d = q4.shape
+    n_k = k4.shape[2]
+    cfg = FORWARD_CONFIGS[d]
+    o = _dense_like(q)
+    o4 = _as_4d(o)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    grid = (B * H, triton.cdiv(n_q, cfg.block_m))
+    _flash_fwd_kernel[grid](
+        _descriptor(q4, cfg.block_m), _descriptor(k4, cfg.block_n), _descriptor(v4, cfg.block_n), o4, lse,
+        H, n_q, n_k, scale * LOG2E, scale, o4.stride(0), o4.stride(1), o4.stride(2),
+        bool(is_causal), cfg.block_m, cfg.block_n, d, cfg.stages, cfg.num_warps, mutant,
+        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+    return o, lse
+
+
+def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: float | None = None):
+    """dQ, dK, dV of attention(q, k, v) given O, L and dO."""
+    scale = _validate(q, k, v, is_causal, scale)
+    q4, k4, v4, do4 = (_tma_readable(_as_4d(t)) for t in (q, k, v, grad_o))
+    o4 = _as_4d(o)
+    B, H, n_q, d = q4.shape
+    n_k = k4.shape[2]
+    dq, dk, dv = _dense_like(q), _dense_like(k), _dense_like(v)
+    dq4, dk4, dv4 = _as_4d(dq), _as_4d(dk), _as_4d(dv)
+    delta = torch.empty_like(lse)
+    lse = lse.contiguous()
+
+    cfg = BACKWARD_DQ_CONFIGS[d]
+    _flash_bwd_dq_kernel[(B * H, triton.cdiv(n_q, cfg.block_m))](
+        _descriptor(q4, cfg.block_m), _descriptor(do4, cfg.block_m), _descriptor(k4, cfg.block_n),
+        _descriptor(v4, cfg.block_n), o4, do4, dq4, lse, delta, H, n_q, n_k, scale * LOG2E, scale,
+        o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2),
+        dq4.stride(0), dq4.stride(1), dq4.stride(2),
+        bool(is_causal), cfg.block_m, cfg.block_n, d, cfg.stages, cfg.num_warps,
+        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+    cfg = BACKWARD_DKDV_CONFIGS[d]
+    _flash_bwd_dkdv_kernel[(B * H, triton.cdiv(n_k, cfg.block_n))](
+        _descriptor(k4, cfg.block_n), _descriptor(v4, cfg.block_n), _descriptor(q4, cfg.block_m),
+        _descriptor(do4, cfg.block_m), dk4, dv4, lse, delta, H, n_q, n_k, scale * LOG2E, scale,
+        dk4.stride(0), dk4.stride(1), dk4.stride(2), dv4.stride(0), dv4.stride(1), dv4.stride(2),
+        bool(is_causal), cfg.block_m, cfg.block_n, d, cfg.stages, cfg.num_warps,
+        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+    return dq, dk, dv
+
+
+def _attention_function(mutant: int):
+    class FlashAttentionGluon(torch.autograd.Function):
+        """FlashAttention on Hopper in Gluon (see the module contract)."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, is_causal=False, scale=None):
+            o, lse = flash_forward(q, k, v, is_causal, scale, mutant=mutant)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.is_causal, ctx.scale = bool(is_causal), scale
+            return o
+
+        @staticmethod
+        def backward(ctx, grad_o):
+            q, k, v, o, lse = ctx.saved_tensors
+            if grad_o.dtype != q.dtype:
+                grad_o = grad_o.to(q.dtype)
+            dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale)
+            return dq, dk, dv, None, None
+
+    return FlashAttentionGluon
+
+
+FlashAttentionGluon = _attention_function(0)
+
+
+def mutant_function(name: str):
+    """The autograd.Function of a kept mutant of the schedule (see MUTANTS)."""
+    fn = _attention_function(MUTANTS[name])
+    fn.__name__ = fn.__qualname__ = f"FlashAttentionGluon_{name}"
+    return fn

@@ -1,0 +1,65 @@
+"""First look at the Gluon flavour on a Hopper GPU: forward and backward against float64
+attention at a handful of shapes (ragged tails, N_q != N_k, causal, both head dims, a
+transposed layout), each kernel under a watchdog so a barrier deadlock reads as such.
+
+    PYTHONPATH=. python perf/scripts/gluon_probe.py
+"""
+
+import math
+import sys
+import time
+
+import torch
+
+from impl.attention.flash_gluon import FlashAttentionGluon, MUTANTS, mutant_function
+
+
+def reference(q, k, v, causal, scale):
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v.double()
+
+
+def case(b, h, n_q, n_k, d, causal, dtype=torch.bfloat16, transposed=False, fn=FlashAttentionGluon):
+    g = torch.Generator(device="cuda").manual_seed(n_q * 7 + n_k + d)
+    mk = lambda n: (torch.randn(b, n, h, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)  # noqa: E731
+                    if transposed else torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=g))
+    q, k, v = mk(n_q), mk(n_k), mk(n_k)
+    do = torch.randn(b, h, n_q, d, device="cuda", dtype=dtype, generator=g)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    t0 = time.perf_counter()
+    o = fn.apply(q, k, v, causal)
+    o.backward(do)
+    torch.cuda.synchronize()
+    took = time.perf_counter() - t0
+    qr, kr, vr = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    ref = reference(qr, kr, vr, causal, 1 / math.sqrt(d))
+    ref.backward(do.double())
+    errs = [(o.double() - ref).abs().max().item()] + [(a.grad.double() - b.grad).abs().max().item()
+                                                       for a, b in ((q, qr), (k, kr), (v, vr))]
+    return errs, took
+
+
+SHAPES = [(1, 1, 128, 128, 64, False), (1, 1, 128, 128, 64, True), (2, 3, 256, 256, 64, True),
+          (1, 2, 129, 129, 64, True), (1, 2, 100, 300, 128, False), (1, 2, 300, 100, 128, True),
+          (2, 2, 1, 65, 64, False), (2, 2, 65, 1, 128, True), (1, 4, 1000, 1000, 128, True),
+          (1, 4, 1024, 1024, 64, False)]
+
+if __name__ == "__main__":
+    bad = 0
+    for shape in SHAPES:
+        for transposed in (False, True):
+            errs, took = case(*shape, transposed=transposed)
+            ok = all(e < 0.06 for e in errs)
+            bad += not ok
+            print(f"{'ok ' if ok else 'BAD'} {shape} transposed={transposed} max|err| O,dQ,dK,dV = "
+                  + ", ".join(f"{e:.2e}" for e in errs) + f"  ({took:.2f} s)", flush=True)
+    errs, _ = case(1, 2, 200, 200, 64, True, dtype=torch.float16)
+    print("fp16", errs, flush=True)
+    for name in MUTANTS:
+        errs, _ = case(2, 4, 1000, 1000, 64, False, fn=mutant_function(name))
+        print(f"mutant {name}: max|err| O = {errs[0]:.3g}", flush=True)
+    sys.exit(1 if bad else 0)
