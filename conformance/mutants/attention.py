@@ -340,12 +340,13 @@ def _gluon_mutant(name: str):
 # The schedule's own bugs, in impl's Gluon kernel (impl/attention/flash_gluon.py, MUTANTS):
 # they show on a Hopper GPU only, and read "not run here" elsewhere.
 GLUON_SPECS = (
-    ("slot_overwritten_before_consumed",
-     "impl's Gluon loader warp refills a K/V ring slot without waiting on its empty barrier: TMA overwrites a tile "
-     "the consumer warps have not finished reading"),
+    ("v_slot_freed_before_its_product",
+     "impl's Gluon forward hands V_j's ring slot back to the loader as soon as V_j lands, one P V product before "
+     "it reads it: TMA overwrites the tile with V_{j+STAGES} before its consumer is done"),
     ("ready_phase_off_by_one",
      "impl's Gluon forward waits on the K slot's ready barrier with the wrong parity: a fresh barrier reports it "
-     "complete at once, so the scores read K before TMA has landed it"),
+     "complete at once, so the scores read K before TMA has landed it, and a landed one never completes again "
+     "(the kernel hangs)"),
     ("rescale_skipped",
      "impl's Gluon forward does not rescale the running output by exp(m_old - m_new) when the row maximum moves "
      "between key tiles"),

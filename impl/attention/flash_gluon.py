@@ -118,19 +118,16 @@ if GLUON_IMPORT_ERROR is None:
 
     @gluon.jit
     def _load_ring(a_desc, b_desc, a_bufs, b_bufs, a_ready, a_empty, b_ready, b_empty,
-                   b_i, h_i, first_tile, n_tiles, BLOCK: gl.constexpr, STAGES: gl.constexpr,
-                   MUTANT: gl.constexpr = 0):
+                   b_i, h_i, first_tile, n_tiles, BLOCK: gl.constexpr, STAGES: gl.constexpr):
         """The loader warp: tiles first_tile .. first_tile + n_tiles - 1 of A and B, in order."""
         for i in range(n_tiles):
             slot = i % STAGES
             phase = (i // STAGES) & 1
             row = (first_tile + i) * BLOCK
-            if MUTANT != 1:  # the kept mutant 1 overwrites a slot before its consumer is done with it
-                mbarrier.wait(a_empty.index(slot), phase ^ 1)
+            mbarrier.wait(a_empty.index(slot), phase ^ 1)
             mbarrier.expect(a_ready.index(slot), a_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(a_desc, [b_i, h_i, row, 0], a_ready.index(slot), a_bufs.index(slot))
-            if MUTANT != 1:
-                mbarrier.wait(b_empty.index(slot), phase ^ 1)
+            mbarrier.wait(b_empty.index(slot), phase ^ 1)
             mbarrier.expect(b_ready.index(slot), b_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(b_desc, [b_i, h_i, row, 0], b_ready.index(slot), b_bufs.index(slot))
 
@@ -185,28 +182,38 @@ if GLUON_IMPORT_ERROR is None:
         _release(k_empty, 0)
         p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, 0, q_start, n_k, qk_scale, IS_CAUSAL, BLOCK_M,
                                              BLOCK_N, s_layout, MUTANT == 3)
+        if MUTANT == 1:
+            mbarrier.wait(v_ready.index(0), 0)
+            _release(v_empty, 0)
         for j in range(1, n_tiles):
             slot = j % STAGES
             prev = (j - 1) % STAGES
             mbarrier.wait(k_ready.index(slot), ((j // STAGES) & 1) ^ flip)
             s_tok = warpgroup_mma(q_smem, _tile(k_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            if MUTANT != 1:
+                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             acc = warpgroup_mma(p_op, _tile(v_bufs, prev, BLOCK_N, HEAD_DIM), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j retired; P_{j-1} V_{j-1} may still run
             _release(k_empty, slot)
             p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, j * BLOCK_N, q_start, n_k, qk_scale, IS_CAUSAL,
                                                  BLOCK_M, BLOCK_N, s_layout, MUTANT == 3)
+            if MUTANT == 1:  # the kept mutant 1 hands V_j's slot back as soon as V_j lands, a product early
+                mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
+                _release(v_empty, slot)
             acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-            _release(v_empty, prev)
+            if MUTANT != 1:
+                _release(v_empty, prev)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         last = (n_tiles - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        if MUTANT != 1:
+            mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         acc = warpgroup_mma(p_op, _tile(v_bufs, last, BLOCK_N, HEAD_DIM), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-        _release(v_empty, last)
+        if MUTANT != 1:
+            _release(v_empty, last)
 
         # O = acc / l; L = m * scale + ln l (natural log, per query row).
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
@@ -263,7 +270,7 @@ if GLUON_IMPORT_ERROR is None:
                              stride_ob, stride_oh, stride_on, bh * n_q,
                              IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps, MUTANT)),
             (_load_ring, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
-                          b_i, h_i, 0, n_tiles, BLOCK_N, STAGES, MUTANT)),
+                          b_i, h_i, 0, n_tiles, BLOCK_N, STAGES)),
         ], [1], [24])
 
     @gluon.jit
@@ -499,7 +506,7 @@ BACKWARD_DQ_CONFIGS = {64: GluonConfig(128, 64, 3), 128: GluonConfig(128, 64, 2)
 BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
 
 # Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
-MUTANTS = {"slot_overwritten_before_consumed": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3}
+MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3}
 
 
 def _gl_dtype(dtype: torch.dtype):
@@ -521,7 +528,7 @@ def _tma_readable(t: torch.Tensor) -> torch.Tensor:
     """t itself where TMA can read it (head dim contiguous; base and other strides multiples
     of 16 bytes), else a contiguous copy."""
     size = t.element_size()
-    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * size) % 16 == 0 for s in t.stride()[:-1]):
+    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s > 0 and (s * size) % 16 == 0 for s in t.stride()[:-1]):
         return t
     return t.contiguous()
 
@@ -536,8 +543,8 @@ def _descriptor(t4: torch.Tensor, block_rows: int):
 
 def _dense_like(t: torch.Tensor) -> torch.Tensor:
     """An uninitialised output of t's shape and dtype, dense in t's memory order."""
-    if t.is_contiguous():
-        return torch.empty_like(t, memory_format=torch.contiguous_format)
+    if t.dim() > 4 or t.is_contiguous():  # more than 4 dims are merged by a view of a contiguous output
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
     order = sorted(range(t.dim() - 1), key=lambda i: (-t.stride(i), i)) + [t.dim() - 1]
     strides, size = [0] * t.dim(), 1
     for i in reversed(order):
@@ -573,7 +580,7 @@ def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None, 
     _flash_fwd_kernel[grid](
         _descriptor(q4, cfg.block_m), _descriptor(k4, cfg.block_n), _descriptor(v4, cfg.block_n), o4, lse,
         H, n_q, n_k, scale * LOG2E, scale, o4.stride(0), o4.stride(1), o4.stride(2),
-        bool(is_causal), cfg.block_m, cfg.block_n, d, cfg.stages, cfg.num_warps, mutant,
+        bool(is_causal), cfg.block_m, cfg.block_n, d, cfg.stages, MUTANT=mutant,
         num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
     return o, lse
 
@@ -596,14 +603,14 @@ def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: floa
         _descriptor(v4, cfg.block_n), o4, do4, dq4, lse, delta, H, n_q, n_k, scale * LOG2E, scale,
         o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2),
         dq4.stride(0), dq4.stride(1), dq4.stride(2),
-        bool(is_causal), cfg.block_m, cfg.block_n, d, cfg.stages, cfg.num_warps,
+        bool(is_causal), cfg.block_m, cfg.block_n, d, cfg.stages,
         num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
     cfg = BACKWARD_DKDV_CONFIGS[d]
     _flash_bwd_dkdv_kernel[(B * H, triton.cdiv(n_k, cfg.block_n))](
         _descriptor(k4, cfg.block_n), _descriptor(v4, cfg.block_n), _descriptor(q4, cfg.block_m),
         _descriptor(do4, cfg.block_m), dk4, dv4, lse, delta, H, n_q, n_k, scale * LOG2E, scale,
         dk4.stride(0), dk4.stride(1), dk4.stride(2), dv4.stride(0), dv4.stride(1), dv4.stride(2),
-        bool(is_causal), cfg.block_m, cfg.block_n, d, cfg.stages, cfg.num_warps,
+        bool(is_causal), cfg.block_m, cfg.block_n, d, cfg.stages,
         num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
     return dq, dk, dv
 

@@ -59,7 +59,7 @@ if __name__ == "__main__":
                   + ", ".join(f"{e:.2e}" for e in errs) + f"  ({took:.2f} s)", flush=True)
     errs, _ = case(1, 2, 200, 200, 64, True, dtype=torch.float16)
     print("fp16", errs, flush=True)
-    for name in MUTANTS:
-        errs, _ = case(2, 4, 1000, 1000, 64, False, fn=mutant_function(name))
+    for name in sorted(MUTANTS, key=lambda n: n == "ready_phase_off_by_one"):  # the one that may hang last
+        errs, _ = case(2, 4, 1000, 1000, 64, False, fn=mutant_function(name))  # 8 key tiles: past the ring
         print(f"mutant {name}: max|err| O = {errs[0]:.3g}", flush=True)
     sys.exit(1 if bad else 0)

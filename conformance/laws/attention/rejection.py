@@ -8,6 +8,11 @@ with every bug switched off: it must pass the same runs, so a rejection is the b
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 from hypothesis import Phase
 
@@ -35,10 +40,19 @@ def mutant_examples(law_name: str) -> int:
 SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None)
 
 
-def rejection(law_name: str, target_spec: str, max_examples: int, flavour: str = "pytorch") -> str | None:
+# A kernel whose barriers wait on a phase that never comes hangs the process on the GPU, where
+# nothing can interrupt it: the Gluon flavour's runs go to a child process with this limit,
+# and a run past it rejects the target as hung.
+HANG_LIMIT_S = 150
+
+
+def rejection(law_name: str, target_spec: str, max_examples: int, flavour: str = "pytorch",
+              in_child: bool = False) -> str | None:
     device = torch.device(resolve_device())
     if flavour == "gluon":
         refuse_gluon_here(device)  # its bugs show on a Hopper GPU only: elsewhere "not run here"
+        if not in_child:
+            return _rejection_in_child(law_name, target_spec, max_examples, flavour)
     attn = load_target(target_spec).attention(flavour or "pytorch")
     try:
         if law_name.startswith("spec:"):
@@ -50,3 +64,23 @@ def rejection(law_name: str, target_spec: str, max_examples: int, flavour: str =
     except Exception as exc:  # noqa: BLE001 - a crash rejects too, but says so
         return f"crashed: {type(exc).__name__}: {exc}"
     return None
+
+
+def _rejection_in_child(law_name: str, target_spec: str, max_examples: int, flavour: str) -> str | None:
+    code = ("from hypothesis import settings; settings.register_profile('child', deadline=None); "
+            "settings.load_profile('child'); from conformance.laws.attention.rejection import rejection; "
+            f"v = rejection({law_name!r}, {target_spec!r}, {max_examples}, {flavour!r}, in_child=True); "
+            "print('VERDICT:' + ('' if v is None else v), flush=True)")
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_LIMIT_S,
+                              cwd=root, env=env)
+    except subprocess.TimeoutExpired:
+        return (f"hung: no verdict within {HANG_LIMIT_S} s (a kernel that never finishes, as one whose barrier "
+                f"waits on a phase that never completes)")
+    verdicts = [line.removeprefix("VERDICT:") for line in done.stdout.splitlines() if line.startswith("VERDICT:")]
+    if not verdicts:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"crashed: the check's process exited with code {done.returncode}: {tail}"
+    return verdicts[-1] or None
