@@ -40,12 +40,13 @@ Schedule
 
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 
+from impl.attention.triton_launch import Launch
 from impl.attention.validation import validate_attention_inputs
 
 try:  # Gluon ships with Triton >= 3.4; the Hopper modules need nothing of the machine to import
@@ -509,8 +510,9 @@ BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 
 MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3}
 
 
-def _gl_dtype(dtype: torch.dtype):
-    return gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+@functools.lru_cache(maxsize=None)
+def _smem_layout(block: tuple, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
 def _as_4d(t: torch.Tensor) -> torch.Tensor:
@@ -524,33 +526,32 @@ def _as_4d(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, *t.shape[-3:])
 
 
-def _tma_readable(t: torch.Tensor) -> torch.Tensor:
-    """t itself where TMA can read it (head dim contiguous; base and other strides multiples
-    of 16 bytes), else a contiguous copy."""
-    size = t.element_size()
-    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s > 0 and (s * size) % 16 == 0 for s in t.stride()[:-1]):
-        return t
-    return t.contiguous()
+def _tma_ok(t4: torch.Tensor) -> bool:
+    """TMA can read this (B, H, N, d) tensor in place: head dim contiguous, base and every
+    other stride a positive multiple of 16 bytes."""
+    size = t4.element_size()
+    return (t4.stride(-1) == 1 and t4.data_ptr() % 16 == 0
+            and all(s > 0 and (s * size) % 16 == 0 for s in t4.stride()[:-1]))
 
 
 def _descriptor(t4: torch.Tensor, block_rows: int):
     """A host TMA descriptor of a (B, H, N, d) tensor in (1, 1, block_rows, d) tiles; rows
     past N read as zeros."""
-    block = [1, 1, block_rows, t4.shape[-1]]
-    layout = gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(t4.dtype))
-    return TensorDescriptor(t4, list(t4.shape), list(t4.stride()), block, layout)
+    block = (1, 1, block_rows, t4.shape[-1])
+    return TensorDescriptor(t4, list(t4.shape), list(t4.stride()), list(block), _smem_layout(block, t4.dtype))
 
 
-def _dense_like(t: torch.Tensor) -> torch.Tensor:
-    """An uninitialised output of t's shape and dtype, dense in t's memory order."""
-    if t.dim() > 4 or t.is_contiguous():  # more than 4 dims are merged by a view of a contiguous output
-        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+def _dense_strides(t: torch.Tensor) -> tuple:
+    """Strides of an output of t's shape, dense in t's memory order (contiguous for more
+    than 4 dims, which are merged by a view of a contiguous output)."""
+    if t.dim() > 4 or t.is_contiguous():
+        return torch.empty(t.shape, device="meta").stride()
     order = sorted(range(t.dim() - 1), key=lambda i: (-t.stride(i), i)) + [t.dim() - 1]
     strides, size = [0] * t.dim(), 1
     for i in reversed(order):
         strides[i] = size
         size *= t.shape[i]
-    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+    return tuple(strides)
 
 
 def _validate(q, k, v, is_causal, scale) -> float:
@@ -566,53 +567,132 @@ def _validate(q, k, v, is_causal, scale) -> float:
     return scale
 
 
+def _signature(*tensors) -> tuple:
+    return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors)
+
+
+# (kind, scalars, signature) -> plan, bounded as the Triton flavour's.
+_PLANS: dict = {}
+_MAX_PLANS = 512
+
+
+def _plan(key, build):
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = build()
+        if len(_PLANS) >= _MAX_PLANS:
+            del _PLANS[next(iter(_PLANS))]
+        _PLANS[key] = plan
+    return plan
+
+
+def _key(kind, tensors, is_causal, scale, extra=()):
+    """A plan's key, or None where the arguments cannot have one (validated on every call)."""
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    try:
+        key = (kind, type(is_causal), is_causal, type(scale), scale, extra, _signature(*tensors))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _launch(kernel, grid, rest, constexprs, cfg: GluonConfig, device):
+    return Launch(kernel, grid, tuple(rest), {**constexprs, "num_warps": cfg.num_warps}, {"maxnreg": cfg.maxnreg},
+                  device)
+
+
+class _ForwardPlan:
+    """A forward over inputs of one signature: inputs validated once, outputs' strides and
+    the launch (grid, scalars, constexprs) fixed; a call makes the descriptors and launches."""
+
+    def __init__(self, q, k, v, is_causal, scale, mutant):
+        self.scale = _validate(q, k, v, is_causal, scale)
+        self.is_causal = bool(is_causal)
+        self.copy = tuple(not _tma_ok(_as_4d(t)) for t in (q, k, v))
+        q4 = _as_4d(q)
+        B, H, n_q, d = q4.shape
+        n_k = k.shape[-2]
+        self.cfg = cfg = FORWARD_CONFIGS[d]
+        self.o_strides = _dense_strides(q)
+        o4_strides = _as_4d(torch.empty_strided(q.shape, self.o_strides, device="meta")).stride()
+        self.lse_shape = q.shape[:-1]
+        self.launch = _launch(
+            _flash_fwd_kernel, (B * H, triton.cdiv(n_q, cfg.block_m)),
+            (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4_strides[:3]),
+            dict(IS_CAUSAL=self.is_causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
+                 MUTANT=mutant), cfg, q.device)
+
+    def __call__(self, q, k, v):
+        q4, k4, v4 = (_as_4d(t.contiguous() if c else t) for t, c in zip((q, k, v), self.copy))
+        cfg = self.cfg
+        o = torch.empty_strided(q.shape, self.o_strides, dtype=q.dtype, device=q.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        self.launch(_descriptor(q4, cfg.block_m), _descriptor(k4, cfg.block_n), _descriptor(v4, cfg.block_n),
+                    o, lse)
+        return o, lse
+
+
+class _BackwardPlan:
+    """A backward over tensors of one signature (q, k, v, O, L, dO): the dQ kernel (which
+    stores D) then the dK/dV kernel, both launches fixed."""
+
+    def __init__(self, q, k, v, o, lse, grad_o, is_causal, scale):
+        self.scale = _validate(q, k, v, is_causal, scale)
+        for name, t, like in (("O", o, q), ("dO", grad_o, q)):
+            if t.shape != like.shape or t.dtype != like.dtype or t.device != like.device:
+                raise ValueError(f"attention backward (Gluon): {name} must match q's shape, dtype and device; got "
+                                 f"{tuple(t.shape)} {t.dtype} {t.device}")
+        if lse.shape != q.shape[:-1] or lse.dtype != torch.float32 or not lse.is_contiguous():
+            raise ValueError(f"attention backward (Gluon): L must be contiguous float32 of shape {tuple(q.shape[:-1])}")
+        self.copy = tuple(not _tma_ok(_as_4d(t)) for t in (q, k, v, grad_o))
+        q4, o4 = _as_4d(q), _as_4d(o)
+        B, H, n_q, d = q4.shape
+        n_k = k.shape[-2]
+        do4 = _as_4d(grad_o.contiguous() if self.copy[3] else grad_o)
+        self.strides = tuple(_dense_strides(t) for t in (q, k, v))
+        dq4s, dk4s, dv4s = (_as_4d(torch.empty_strided(t.shape, s, device="meta")).stride()
+                            for t, s in zip((q, k, v), self.strides))
+        causal = bool(is_causal)
+        cfg = self.dq_cfg = BACKWARD_DQ_CONFIGS[d]
+        self.dq = _launch(
+            _flash_bwd_dq_kernel, (B * H, triton.cdiv(n_q, cfg.block_m)),
+            (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4.stride()[:3], *do4.stride()[:3], *dq4s[:3]),
+            dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages),
+            cfg, q.device)
+        cfg = self.dkdv_cfg = BACKWARD_DKDV_CONFIGS[d]
+        self.dkdv = _launch(
+            _flash_bwd_dkdv_kernel, (B * H, triton.cdiv(n_k, cfg.block_n)),
+            (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
+            dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages),
+            cfg, q.device)
+
+    def __call__(self, q, k, v, o, lse, grad_o):
+        q4, k4, v4, do4 = (_as_4d(t.contiguous() if c else t) for t, c in zip((q, k, v, grad_o), self.copy))
+        dq, dk, dv = (torch.empty_strided(t.shape, s, dtype=t.dtype, device=t.device)
+                      for t, s in zip((q, k, v), self.strides))
+        delta = torch.empty_like(lse)
+        c1, c2 = self.dq_cfg, self.dkdv_cfg
+        self.dq(_descriptor(q4, c1.block_m), _descriptor(do4, c1.block_m), _descriptor(k4, c1.block_n),
+                _descriptor(v4, c1.block_n), _as_4d(o), do4, _as_4d(dq), lse, delta)
+        self.dkdv(_descriptor(k4, c2.block_n), _descriptor(v4, c2.block_n), _descriptor(q4, c2.block_m),
+                  _descriptor(do4, c2.block_m), _as_4d(dk), _as_4d(dv), lse, delta)
+        return dq, dk, dv
+
+
 def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None, *, mutant: int = 0):
     """O and L (natural-log logsumexp, float32, q.shape[:-1]) of attention(q, k, v)."""
-    scale = _validate(q, k, v, is_causal, scale)
-    q4, k4, v4 = (_tma_readable(_as_4d(t)) for t in (q, k, v))
-    B, H, n_q, d = q4.shape
-    n_k = k4.shape[2]
-    cfg = FORWARD_CONFIGS[d]
-    o = _dense_like(q)
-    o4 = _as_4d(o)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    grid = (B * H, triton.cdiv(n_q, cfg.block_m))
-    _flash_fwd_kernel[grid](
-        _descriptor(q4, cfg.block_m), _descriptor(k4, cfg.block_n), _descriptor(v4, cfg.block_n), o4, lse,
-        H, n_q, n_k, scale * LOG2E, scale, o4.stride(0), o4.stride(1), o4.stride(2),
-        bool(is_causal), cfg.block_m, cfg.block_n, d, cfg.stages, MUTANT=mutant,
-        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
-    return o, lse
+    key = _key("fwd", (q, k, v), is_causal, scale, mutant)
+    build = lambda: _ForwardPlan(q, k, v, is_causal, scale, mutant)  # noqa: E731
+    return (build() if key is None else _plan(key, build))(q, k, v)
 
 
 def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: float | None = None):
     """dQ, dK, dV of attention(q, k, v) given O, L and dO."""
-    scale = _validate(q, k, v, is_causal, scale)
-    q4, k4, v4, do4 = (_tma_readable(_as_4d(t)) for t in (q, k, v, grad_o))
-    o4 = _as_4d(o)
-    B, H, n_q, d = q4.shape
-    n_k = k4.shape[2]
-    dq, dk, dv = _dense_like(q), _dense_like(k), _dense_like(v)
-    dq4, dk4, dv4 = _as_4d(dq), _as_4d(dk), _as_4d(dv)
-    delta = torch.empty_like(lse)
-    lse = lse.contiguous()
-
-    cfg = BACKWARD_DQ_CONFIGS[d]
-    _flash_bwd_dq_kernel[(B * H, triton.cdiv(n_q, cfg.block_m))](
-        _descriptor(q4, cfg.block_m), _descriptor(do4, cfg.block_m), _descriptor(k4, cfg.block_n),
-        _descriptor(v4, cfg.block_n), o4, do4, dq4, lse, delta, H, n_q, n_k, scale * LOG2E, scale,
-        o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2),
-        dq4.stride(0), dq4.stride(1), dq4.stride(2),
-        bool(is_causal), cfg.block_m, cfg.block_n, d, cfg.stages,
-        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
-    cfg = BACKWARD_DKDV_CONFIGS[d]
-    _flash_bwd_dkdv_kernel[(B * H, triton.cdiv(n_k, cfg.block_n))](
-        _descriptor(k4, cfg.block_n), _descriptor(v4, cfg.block_n), _descriptor(q4, cfg.block_m),
-        _descriptor(do4, cfg.block_m), dk4, dv4, lse, delta, H, n_q, n_k, scale * LOG2E, scale,
-        dk4.stride(0), dk4.stride(1), dk4.stride(2), dv4.stride(0), dv4.stride(1), dv4.stride(2),
-        bool(is_causal), cfg.block_m, cfg.block_n, d, cfg.stages,
-        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
-    return dq, dk, dv
+    key = _key("bwd", (q, k, v, o, lse, grad_o), is_causal, scale)
+    build = lambda: _BackwardPlan(q, k, v, o, lse, grad_o, is_causal, scale)  # noqa: E731
+    return (build() if key is None else _plan(key, build))(q, k, v, o, lse, grad_o)
 
 
 def _attention_function(mutant: int):

@@ -55,15 +55,15 @@ def attention(q, k, v, backend: str):
         from impl.attention.reference import attention_reference
 
         return attention_reference(q, k, v, is_causal=True)[0]
-    if backend == "triton":
-        from impl.attention.flash_triton import FlashAttentionTriton
+    if backend in ("triton", "gluon"):  # custom ops under torch.compile (impl/attention/custom_ops.py)
+        from impl.attention.custom_ops import attention as flash_attention
 
-        return FlashAttentionTriton.apply(q, k, v, True)
+        return flash_attention(q, k, v, True, backend)
     if backend == "pytorch":
         from impl.attention.flash_pytorch import FlashAttentionPytorch
 
         return FlashAttentionPytorch.apply(q, k, v, True)
-    raise ValueError(f"unknown attention backend {backend!r}; expected eager, sdpa, triton or pytorch")
+    raise ValueError(f"unknown attention backend {backend!r}; expected eager, sdpa, triton, gluon or pytorch")
 
 
 class RMSNorm(nn.Module):

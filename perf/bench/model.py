@@ -60,7 +60,7 @@ from perf.lib.workloads import synchronize
 
 MODES = ("inference", "forward", "forward_backward", "step")
 PRECISIONS = ("fp32", "bf16")
-ATTENTIONS = ("eager", "sdpa", "triton", "pytorch")
+ATTENTIONS = ("eager", "sdpa", "triton", "gluon", "pytorch")
 STANDARD_SIZES = ("small", "medium", "large", "xl", "2.7B")
 
 CUDA_DEFAULTS = dict(sizes=list(STANDARD_SIZES), attention=["sdpa", "triton", "eager"], precision=["fp32", "bf16"],

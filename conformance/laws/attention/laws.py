@@ -272,6 +272,10 @@ def forward_is_bitwise_deterministic(attn, case: AttentionCase, device):
     oracle.assert_bitwise_equal("L on a repeated call", l2, l1)
 
 
+# The dtypes the flavour under check offers (its Budget's), set by check_law while a law runs.
+_OFFERED_DTYPES: list = [None]
+
+
 def _neighbours(case: AttentionCase) -> list[tuple[str, AttentionCase]]:
     """Cases that differ from ``case`` in one respect each (and in their values): what a
     cache keyed on too little, or an output buffer kept for reuse, confuses with it."""
@@ -283,8 +287,11 @@ def _neighbours(case: AttentionCase) -> list[tuple[str, AttentionCase]]:
         (f"layout {other_layout!r}", replace(case, layout=other_layout, seed=seed)),
         ("one key more" if case.n_k < 2 else "one key fewer", replace(case, n_k=case.n_k + 1 if case.n_k < 2 else case.n_k - 1, seed=seed)),
     ]
-    if case.dtype != torch.float32:
-        out.append(("float32 inputs", replace(case, dtype=torch.float32, seed=seed)))
+    # another dtype the flavour offers: float32 where it does (the Gluon flavour: the other 16-bit one)
+    offered = _OFFERED_DTYPES[0] or (torch.float32,)
+    other = torch.float32 if torch.float32 in offered else next((t for t in offered if t != case.dtype), case.dtype)
+    if case.dtype != other:
+        out.append((f"{str(other).removeprefix('torch.')} inputs", replace(case, dtype=other, seed=seed)))
     if case.scale is not None:
         out.append(("another softmax scale", replace(case, scale=case.scale * 2, seed=seed)))
     # q, k, v as in the case; only dO's layout differs (a backward plan keyed without dO's)
@@ -485,4 +492,8 @@ def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> Non
             run = example(case=case)(run)
 
     run.__qualname__ = run.__name__ = f"{law.name}[{flavour}]"
-    law.run(run)
+    _OFFERED_DTYPES[0] = budget.dtypes
+    try:
+        law.run(run)
+    finally:
+        _OFFERED_DTYPES[0] = None

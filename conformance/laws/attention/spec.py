@@ -453,8 +453,8 @@ def bad_input_errors(attn, device):
 def different_devices_error(attn, device):
     if not torch.cuda.is_available():
         raise NeedsHardware("needs a GPU: tensors on two devices")
-    q = torch.randn(2, 8, 16, device="cuda")
-    k = torch.randn(2, 8, 16)
+    q = torch.randn(2, 8, 16, device="cuda", dtype=_dtype())
+    k = torch.randn(2, 8, 16, dtype=_dtype())
     _expect_error("tensors on different devices", (ValueError, TypeError), ("device", "cuda", "cpu"), lambda: attn.apply(q, k, k.clone()))
 
 
