@@ -38,3 +38,27 @@ def test_gate_flash_triton(benchmark, device, passes):
         synchronize(device)
 
     benchmark.pedantic(run, rounds=rounds, warmup_rounds=2 if device.type == "cuda" else 0, iterations=1)
+
+
+@pytest.mark.parametrize("passes", FLAVOURS)
+def test_gate_flash_gluon(benchmark, device, passes):
+    """The Gluon flavour at the same anchor shape; a Hopper GPU only (no interpreter runs Gluon)."""
+    from conformance.laws.attention.hopper import gluon_not_run_reason
+
+    reason = gluon_not_run_reason(device)
+    if reason:
+        pytest.skip(f"not run here: {reason}")
+    from impl.attention.flash_gluon import FlashAttentionGluon
+
+    q, k, v, do = make_inputs((1, 16, 16384, 64), torch.bfloat16, device, seed=0)
+    benchmark.extra_info.update(shape=[1, 16, 16384, 64], dtype="torch.bfloat16", causal=True, device=str(device),
+                                gpu=torch.cuda.get_device_name(device))
+
+    def run():
+        for _ in range(5):
+            o = FlashAttentionGluon.apply(q, k, v, True)
+            if passes == "forward_backward":
+                o.backward(do)
+        synchronize(device)
+
+    benchmark.pedantic(run, rounds=20, warmup_rounds=2, iterations=1)

@@ -20,14 +20,14 @@ step() {  # name, limit in seconds, command...  (only the names in $STEPS run)
 step probe "${PROBE_S:-120}" python perf/scripts/gluon_probe.py
 step laws "${LAWS_S:-240}" python -m pytest -n 8 -p no:cacheprovider -q --device cuda --hypothesis-profile ci \
     properties/test_attention.py conformance/spec/test_attention.py conformance/selftests/test_mutants.py \
-    -k "gluon or v_slot_freed or ready_phase or rescale_skipped" -rs --conformance-report "$OUT/report"
+    -k "gluon or v_slot_freed or ready_phase or rescale_skipped" -rfEsp --conformance-report "$OUT/report"
 common=(--device cuda --dtypes bf16 --impls gluon triton sdpa_flash sdpa_cudnn --rounds 3 --no-plots)
 step leaderboard 90 python -m perf.bench.attention "${common[@]}" --seq 16384 --dims 64 --masks causal \
     --batch 1 --heads 16 --out "$S/leaderboard"
 step b4h16 90 python -m perf.bench.attention "${common[@]}" --seq 4096 --dims 128 --masks full \
     --batch 4 --heads 16 --out "$S/b4h16"
 step sweep "${SWEEP_S:-200}" python -m perf.bench.attention "${common[@]}" --seq 128:65536 --dims 64 128 --masks causal full \
-    --warmup-ms 10 --rep-ms 25 --out "$S/sweep"
+    --warmup-ms 10 --rep-ms 25 --time-budget-s "${SWEEP_BUDGET_S:-110}" --out "$S/sweep"
 [ -f "$S/sweep/attention.json" ] && python perf/scripts/attention_vs_flash.py "$S/sweep/attention.json" --impl gluon > "$S/gluon_vs_flash.md" 2>&1
 cat "$OUT/summary.txt"; tail -3 "$S/gluon_vs_flash.md" 2>/dev/null
 # what comes back from a device is limited in files: the tables travel as one archive
