@@ -43,7 +43,7 @@ SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None)
 # A kernel whose barriers wait on a phase that never comes hangs the process on the GPU, where
 # nothing can interrupt it: the Gluon flavour's runs go to a child process with this limit,
 # and a run past it rejects the target as hung.
-HANG_LIMIT_S = 150
+HANG_LIMIT_S = float(os.environ.get("SUITE_HANG_LIMIT_S", 150))
 
 
 def rejection(law_name: str, target_spec: str, max_examples: int, flavour: str = "pytorch",
