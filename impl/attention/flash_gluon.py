@@ -535,6 +535,12 @@ def _tma_ok(t4: torch.Tensor) -> bool:
             and all(s > 0 and (s * size) % 16 == 0 for s in t4.stride()[:-1]))
 
 
+def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy in a fresh allocation (16-byte aligned, as every torch allocation):
+    ``contiguous()`` would hand back a contiguous tensor that starts off alignment unchanged."""
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _descriptor(t4: torch.Tensor, block_rows: int):
     """A host TMA descriptor of a (B, H, N, d) tensor in (1, 1, block_rows, d) tiles; rows
     past N read as zeros."""
@@ -626,7 +632,7 @@ class _ForwardPlan:
                  MUTANT=mutant), cfg, q.device)
 
     def __call__(self, q, k, v):
-        q4, k4, v4 = (_as_4d(t.contiguous() if c else t) for t, c in zip((q, k, v), self.copy))
+        q4, k4, v4 = (_as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v), self.copy))
         cfg = self.cfg
         o = torch.empty_strided(q.shape, self.o_strides, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
@@ -651,7 +657,7 @@ class _BackwardPlan:
         q4, o4 = _as_4d(q), _as_4d(o)
         B, H, n_q, d = q4.shape
         n_k = k.shape[-2]
-        do4 = _as_4d(grad_o.contiguous() if self.copy[3] else grad_o)
+        do4 = _as_4d(_aligned_copy(grad_o) if self.copy[3] else grad_o)
         self.strides = tuple(_dense_strides(t) for t in (q, k, v))
         dq4s, dk4s, dv4s = (_as_4d(torch.empty_strided(t.shape, s, device="meta")).stride()
                             for t, s in zip((q, k, v), self.strides))
@@ -670,7 +676,7 @@ class _BackwardPlan:
             cfg, q.device)
 
     def __call__(self, q, k, v, o, lse, grad_o):
-        q4, k4, v4, do4 = (_as_4d(t.contiguous() if c else t) for t, c in zip((q, k, v, grad_o), self.copy))
+        q4, k4, v4, do4 = (_as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v, grad_o), self.copy))
         dq, dk, dv = (torch.empty_strided(t.shape, s, dtype=t.dtype, device=t.device)
                       for t, s in zip((q, k, v), self.strides))
         delta = torch.empty_like(lse)
