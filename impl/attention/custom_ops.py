@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from impl.attention.host_plans import dense_strides_like
+
 NAMESPACE = "llm_systems"
 
 
@@ -31,9 +33,7 @@ def _kernels(flavour: str):
 
 
 def _dense_like(t: torch.Tensor) -> torch.Tensor:
-    from impl.attention.flash_triton import _dense_strides_like
-
-    return torch.empty_strided(t.shape, _dense_strides_like(t), dtype=t.dtype, device=t.device)
+    return torch.empty_strided(t.shape, dense_strides_like(t), dtype=t.dtype, device=t.device)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::flash_forward", mutates_args=())

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from impl.attention.host_plans import PlanCache, dense_strides_like, signature
 from impl.attention.triton_launch import Launch
 from impl.attention.validation import validate_attention_inputs
 
@@ -548,19 +549,6 @@ def _descriptor(t4: torch.Tensor, block_rows: int):
     return TensorDescriptor(t4, list(t4.shape), list(t4.stride()), list(block), _smem_layout(block, t4.dtype))
 
 
-def _dense_strides(t: torch.Tensor) -> tuple:
-    """Strides of an output of t's shape, dense in t's memory order (contiguous for more
-    than 4 dims, which are merged by a view of a contiguous output)."""
-    if t.dim() > 4 or t.is_contiguous():
-        return torch.empty(t.shape, device="meta").stride()
-    order = sorted(range(t.dim() - 1), key=lambda i: (-t.stride(i), i)) + [t.dim() - 1]
-    strides, size = [0] * t.dim(), 1
-    for i in reversed(order):
-        strides[i] = size
-        size *= t.shape[i]
-    return tuple(strides)
-
-
 def _validate(q, k, v, is_causal, scale) -> float:
     scale = validate_attention_inputs(q, k, v, is_causal, scale, dtypes=GLUON_DTYPES)
     d = q.shape[-1]
@@ -574,23 +562,8 @@ def _validate(q, k, v, is_causal, scale) -> float:
     return scale
 
 
-def _signature(*tensors) -> tuple:
-    return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors)
-
-
-# (kind, scalars, signature) -> plan, bounded as the Triton flavour's.
-_PLANS: dict = {}
-_MAX_PLANS = 512
-
-
-def _plan(key, build):
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = build()
-        if len(_PLANS) >= _MAX_PLANS:
-            del _PLANS[next(iter(_PLANS))]
-        _PLANS[key] = plan
-    return plan
+_PLANS = PlanCache(512)  # (kind, scalars, signature) -> plan, as the Triton flavour's
+_plan = _PLANS.get
 
 
 def _key(kind, tensors, is_causal, scale, extra=()):
@@ -598,7 +571,7 @@ def _key(kind, tensors, is_causal, scale, extra=()):
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return None
     try:
-        key = (kind, type(is_causal), is_causal, type(scale), scale, extra, _signature(*tensors))
+        key = (kind, type(is_causal), is_causal, type(scale), scale, extra, signature(*tensors))
         hash(key)
     except TypeError:
         return None
@@ -622,7 +595,7 @@ class _ForwardPlan:
         B, H, n_q, d = q4.shape
         n_k = k.shape[-2]
         self.cfg = cfg = FORWARD_CONFIGS[d]
-        self.o_strides = _dense_strides(q)
+        self.o_strides = dense_strides_like(q)
         o4_strides = _as_4d(torch.empty_strided(q.shape, self.o_strides, device="meta")).stride()
         self.lse_shape = q.shape[:-1]
         self.launch = _launch(
@@ -658,7 +631,7 @@ class _BackwardPlan:
         B, H, n_q, d = q4.shape
         n_k = k.shape[-2]
         do4 = _as_4d(_aligned_copy(grad_o) if self.copy[3] else grad_o)
-        self.strides = tuple(_dense_strides(t) for t in (q, k, v))
+        self.strides = tuple(dense_strides_like(t) for t in (q, k, v))
         dq4s, dk4s, dv4s = (_as_4d(torch.empty_strided(t.shape, s, device="meta")).stride()
                             for t, s in zip((q, k, v), self.strides))
         causal = bool(is_causal)

@@ -78,6 +78,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .host_plans import PlanCache, dense_strides_like, signature
 from .triton_launch import Launch
 from .validation import interpreter_enabled, validate_attention_inputs
 
@@ -845,42 +846,10 @@ def _meta_4d_strides(shape, strides=None) -> tuple:
     return _as_4d(t).stride()
 
 
-def _dense_strides_like(t: torch.Tensor) -> tuple:
-    """Strides of an output of t's shape, dense, in t's memory order: dims by decreasing
-    stride (ties in dim order), the head dim innermost.  For q stored (B, N, H, d) and seen
-    as (B, H, N, d) (a model's heads split from one projection), O and dQ are stored
-    (B, N, H, d) too, so the model's transpose back and reshape are views, not copies (as
-    torch's SDPA does).  Contiguous for a contiguous t and for more than 4 dims (merged)."""
-    if t.dim() > 4 or t.is_contiguous():
-        return torch.empty(t.shape, device="meta").stride()
-    order = sorted(range(t.dim() - 1), key=lambda i: (-t.stride(i), i)) + [t.dim() - 1]  # outermost first
-    strides, size = [0] * t.dim(), 1
-    for i in reversed(order):
-        strides[i] = size
-        size *= t.shape[i]
-    return tuple(strides)
-
-
-def _signature(*tensors) -> tuple:
-    """What a plan depends on besides the call's scalars: per tensor its shape, strides, dtype,
-    device and whether its address is 16-byte aligned (Triton specialises pointers on it)."""
-    return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors)
-
-
-# (kind, scalars, signature) -> plan.  Bounded: a process that sees many shapes (a property
-# run) drops the oldest plans; their compiled kernels stay in Triton's own cache.
-_PLANS: dict = {}
-_MAX_PLANS = 512
-
-
-def _cached_plan(key, build):
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = build()
-        if len(_PLANS) >= _MAX_PLANS:
-            del _PLANS[next(iter(_PLANS))]
-        _PLANS[key] = plan
-    return plan
+_dense_strides_like = dense_strides_like
+_signature = signature
+_PLANS = PlanCache(512)  # (kind, scalars, signature) -> plan
+_cached_plan = _PLANS.get
 
 
 def _forward_key(q, k, v, is_causal, scale):
