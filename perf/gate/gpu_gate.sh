@@ -63,7 +63,10 @@ T_PROPS=-; PROPS_SPLIT=""; T_CONF=-; T_PERF=-; T_DIST=-; T_DIST4=-
 # Every pytest stage logs each test as it ends (outcome, seconds, Triton compiles; a
 # failure's report): a run cut by a time limit still says what failed and where time went.
 PROGRESS=(-p perf.gate.progress_log)
-KERNELS="triton"  # the kernels the gate exists for: their laws in the gate profile, sharded
+KERNELS="triton or gluon"  # the kernels the gate exists for: their laws in the gate profile, sharded
+# A Gluon mutant whose barrier waits on a phase that never comes hangs its child process:
+# 40 s is past any mutant run that finishes (perf/results/2026-11-27-h200-gluon-attention/).
+export SUITE_HANG_LIMIT_S=${SUITE_HANG_LIMIT_S:-40}
 # One thread per worker: 16 xdist workers each running torch's default thread count on 16
 # cores oversubscribe the CPU (float64 references and the oracle's comparisons run there).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
