@@ -62,3 +62,4 @@ def test_bf16_is_checked_where_it_can_run(device):
     assert torch.bfloat16 in budget_for("pytorch", device).dtypes
     if device.type == "cuda":
         assert torch.bfloat16 in budget_for("triton", device).dtypes
+        assert torch.bfloat16 in budget_for("gluon", device).dtypes  # its tier runs on Hopper only

@@ -5,21 +5,13 @@ transposed layout), each kernel under a watchdog so a barrier deadlock reads as 
     PYTHONPATH=. python perf/scripts/gluon_probe.py
 """
 
-import math
 import sys
 import time
 
 import torch
 
 from impl.attention.flash_gluon import FlashAttentionGluon, MUTANTS, mutant_function
-
-
-def reference(q, k, v, causal, scale):
-    s = (q.double() @ k.double().transpose(-1, -2)) * scale
-    if causal:
-        n_q, n_k = s.shape[-2:]
-        s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    return torch.softmax(s, -1) @ v.double()
+from impl.attention.reference import attention_reference
 
 
 def case(b, h, n_q, n_k, d, causal, dtype=torch.bfloat16, transposed=False, fn=FlashAttentionGluon):
@@ -36,7 +28,7 @@ def case(b, h, n_q, n_k, d, causal, dtype=torch.bfloat16, transposed=False, fn=F
     torch.cuda.synchronize()
     took = time.perf_counter() - t0
     qr, kr, vr = (t.detach().double().requires_grad_(True) for t in (q, k, v))
-    ref = reference(qr, kr, vr, causal, 1 / math.sqrt(d))
+    ref = attention_reference(qr, kr, vr, causal)[0]  # float64 inputs: the reference in float64
     ref.backward(do.double())
     errs = [(o.double() - ref).abs().max().item()] + [(a.grad.double() - b.grad).abs().max().item()
                                                        for a, b in ((q, qr), (k, kr), (v, vr))]
