@@ -578,9 +578,12 @@ def _key(kind, tensors, is_causal, scale, extra=()):
     return key
 
 
-def _launch(kernel, grid, rest, constexprs, cfg: GluonConfig, device):
+def _launch(kernel, grid, rest, constexprs, cfg: GluonConfig, device, descriptor_rows: tuple):
+    """A Launch whose leading arguments are (B, H, N, d) tensors read through TMA in tiles of
+    ``descriptor_rows`` rows each (the launcher encodes their descriptors, cached by address)."""
+    descriptors = tuple(functools.partial(_descriptor, block_rows=rows) for rows in descriptor_rows)
     return Launch(kernel, grid, tuple(rest), {**constexprs, "num_warps": cfg.num_warps}, {"maxnreg": cfg.maxnreg},
-                  device)
+                  device, descriptors=descriptors)
 
 
 class _ForwardPlan:
@@ -602,15 +605,14 @@ class _ForwardPlan:
             _flash_fwd_kernel, (B * H, triton.cdiv(n_q, cfg.block_m)),
             (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4_strides[:3]),
             dict(IS_CAUSAL=self.is_causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
-                 MUTANT=mutant), cfg, q.device)
+                 MUTANT=mutant), cfg, q.device, (cfg.block_m, cfg.block_n, cfg.block_n))
 
     def __call__(self, q, k, v):
         q4, k4, v4 = (_as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v), self.copy))
         cfg = self.cfg
         o = torch.empty_strided(q.shape, self.o_strides, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
-        self.launch(_descriptor(q4, cfg.block_m), _descriptor(k4, cfg.block_n), _descriptor(v4, cfg.block_n),
-                    o, lse)
+        self.launch(q4, k4, v4, o, lse)
         return o, lse
 
 
@@ -640,24 +642,21 @@ class _BackwardPlan:
             _flash_bwd_dq_kernel, (B * H, triton.cdiv(n_q, cfg.block_m)),
             (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4.stride()[:3], *do4.stride()[:3], *dq4s[:3]),
             dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages),
-            cfg, q.device)
+            cfg, q.device, (cfg.block_m, cfg.block_m, cfg.block_n, cfg.block_n))
         cfg = self.dkdv_cfg = BACKWARD_DKDV_CONFIGS[d]
         self.dkdv = _launch(
             _flash_bwd_dkdv_kernel, (B * H, triton.cdiv(n_k, cfg.block_n)),
             (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
             dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages),
-            cfg, q.device)
+            cfg, q.device, (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m))
 
     def __call__(self, q, k, v, o, lse, grad_o):
         q4, k4, v4, do4 = (_as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v, grad_o), self.copy))
         dq, dk, dv = (torch.empty_strided(t.shape, s, dtype=t.dtype, device=t.device)
                       for t, s in zip((q, k, v), self.strides))
         delta = torch.empty_like(lse)
-        c1, c2 = self.dq_cfg, self.dkdv_cfg
-        self.dq(_descriptor(q4, c1.block_m), _descriptor(do4, c1.block_m), _descriptor(k4, c1.block_n),
-                _descriptor(v4, c1.block_n), _as_4d(o), do4, _as_4d(dq), lse, delta)
-        self.dkdv(_descriptor(k4, c2.block_n), _descriptor(v4, c2.block_n), _descriptor(q4, c2.block_m),
-                  _descriptor(do4, c2.block_m), _as_4d(dk), _as_4d(dv), lse, delta)
+        self.dq(q4, do4, k4, v4, _as_4d(o), do4, _as_4d(dq), lse, delta)
+        self.dkdv(k4, v4, q4, do4, _as_4d(dk), _as_4d(dv), lse, delta)
         return dq, dk, dv
 
 

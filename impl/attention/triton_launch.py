@@ -23,6 +23,11 @@ Contract
     Kernels that make tensor descriptors (``tma=True``) need scratch memory: one buffer per
     (device, stream), kept and grown; on Triton's own path its allocator is set to that
     cache for the duration of each such launch only.
+    Kernels that take host tensor descriptors (Gluon's TMA arguments) are called with the
+    tensors themselves; ``descriptors`` holds, per leading argument, the function that
+    makes its TensorDescriptor for Triton's path (None: a plain tensor).  The direct path
+    hands Triton's C launcher the encoded tensor map, shape and strides instead (what its
+    Python wrapper would), from ``encoded_descriptor``'s cache.
 """
 
 from __future__ import annotations
@@ -74,6 +79,29 @@ def descriptor_allocator(active: bool):
         yield
 
 
+# (address, shape, strides, encoding) -> (CUtensorMap, *shape, *strides).  A tensor map is a
+# value computed from exactly these (cuTensorMapEncodeTiled reads nothing else), so an entry
+# is right for any tensor that has them, whatever tensor it was made for; bounded.
+_ENCODED: dict = {}
+MAX_ENCODED = 4096
+
+
+def encoded_descriptor(fill, t: torch.Tensor, meta: tuple) -> tuple:
+    """The launcher arguments of a host TMA descriptor over the whole of ``t`` with Triton's
+    encoding ``meta`` = (swizzle, element size, element type, box): what Triton's
+    ``make_tensordesc_arg`` makes of a TensorDescriptor, with zero padding."""
+    key = (t.data_ptr(), t.shape, t.stride(), meta)
+    args = _ENCODED.get(key)
+    if args is None:
+        swizzle, elem_size, elem_type, box = meta
+        shape, strides = list(t.shape), list(t.stride())
+        args = (fill(t.data_ptr(), swizzle, elem_size, elem_type, list(box), shape, strides, 0), *shape, *strides)
+        if len(_ENCODED) >= MAX_ENCODED:
+            del _ENCODED[next(iter(_ENCODED))]
+        _ENCODED[key] = args
+    return args
+
+
 DIRECT = True  # False: every launch through Triton's own path (for measuring what the direct one saves)
 
 
@@ -95,11 +123,14 @@ class Launch:
     """One kernel launch with everything but the first arguments (the tensors) fixed."""
 
     __slots__ = ("kernel", "grid", "rest", "constexprs", "options", "tma", "device_index", "compiled", "direct_ok",
-                 "c_launch", "c_head", "c_head_meta", "scratch_bytes")
+                 "c_launch", "c_head", "c_head_meta", "scratch_bytes", "descriptors", "encodings", "fill")
 
     def __init__(self, kernel, grid: tuple, rest: tuple, constexprs: dict, options: dict | None,
-                 device: torch.device, tma: bool = False):
+                 device: torch.device, tma: bool = False, descriptors: tuple = ()):
         self.kernel = kernel  # the JITFunction
+        self.descriptors = descriptors  # per leading argument: tensor -> TensorDescriptor, or None
+        self.encodings = None  # per leading argument: Triton's encoding of its tensor map, or None
+        self.fill = None  # Triton's cuTensorMapEncodeTiled wrapper, once bound
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.rest = rest  # the non-constexpr arguments after the tensors
         names = list(getattr(kernel, "arg_names", ()))
@@ -131,9 +162,18 @@ class Launch:
         g0, g1, g2 = self.grid
         if self.c_launch is not None:  # Triton's C launcher itself, the descriptor scratch from our cache
             scratch = _tma_scratch(self.scratch_bytes, 128, stream) if self.scratch_bytes else None
+            if self.encodings is not None:
+                fill, expanded = self.fill, []
+                for t, meta in zip(tensors, self.encodings):
+                    if meta is None:
+                        expanded.append(t)
+                    else:
+                        expanded.extend(encoded_descriptor(fill, t, meta))
+                tensors = expanded
             self.c_launch(g0, g1, g2, stream, *self.c_head, scratch, None, *self.c_head_meta,
                           *tensors, *self.rest, *self.constexprs.values())
             return
+        tensors = self._described(tensors)
         compiled = self.compiled
         token = _set_allocator() if self.tma else None
         try:
@@ -143,10 +183,17 @@ class Launch:
             if token is not None:
                 _reset_allocator(token)
 
+    def _described(self, tensors) -> tuple:
+        """The leading arguments as Triton's own path takes them: descriptors made."""
+        if not self.descriptors:
+            return tensors
+        return tuple(t if make is None else make(t) for t, make in zip(tensors, self.descriptors)) + tensors[
+            len(self.descriptors):]
+
     def _through_triton(self, tensors) -> None:
         """Triton's own launch (compiling on first use); on a GPU that lacks the resources
         for the options, retry with num_stages=1."""
-        args = (*tensors, *self.rest)
+        args = (*self._described(tensors), *self.rest)
         if self.options is None:  # the interpreter takes no launch options
             self.kernel[self.grid](*args, **self.constexprs)
             return
@@ -190,7 +237,35 @@ class Launch:
         self.scratch_bytes = g0 * g1 * g2 * launcher.num_ctas * launcher.global_scratch_size
         self.c_head = (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl)
         self.c_head_meta = (compiled.packed_metadata, None, None, None)
-        self.c_launch = launcher.launch
+        launch = launcher.launch
+        if self.descriptors:
+            launch = self._bind_descriptor_encodings(launch)
+            if launch is None:  # keep Triton's wrapper, handed TensorDescriptors (compiled.run's path)
+                return
+        self.c_launch = launch
+
+    def _bind_descriptor_encodings(self, wrapper):
+        """The C launch function under Triton's tensor-descriptor wrapper, with each
+        descriptor argument's encoding kept, or None where the wrapper is not the one this
+        was written against (Triton 3.5/3.6 ``wrap_handle_tensordesc``)."""
+        cells = dict(zip(getattr(getattr(wrapper, "__code__", None), "co_freevars", ()),
+                         (c.cell_contents for c in (getattr(wrapper, "__closure__", None) or ()))))
+        raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
+        wanted = [i for i, make in enumerate(self.descriptors) if make is not None]
+        if raw is None or indices is None or metas is None or sorted(indices) != wanted or len(metas) != len(wanted):
+            return None
+        from triton.backends.nvidia import driver
+
+        to_host = getattr(driver, "TMA_DTYPE_DEVICE_TO_HOST", None)
+        encodings = [None] * len(self.descriptors)
+        for i, meta in zip(wanted, metas):
+            if to_host is None or not isinstance(meta, dict) or meta.get("fp4_padded"):
+                return None
+            encodings[i] = (meta["swizzle"], meta["elem_size"], to_host[meta["elem_type"]],
+                            tuple(meta["block_size"]))
+        self.fill = triton.runtime.driver.active.utils.fill_tma_descriptor
+        self.encodings = tuple(encodings)
+        return raw
 
 
 def _set_allocator():

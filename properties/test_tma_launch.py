@@ -1,0 +1,124 @@
+"""The Gluon flavour's direct launch path hands Triton's C launcher exactly what Triton's own
+tensor-descriptor wrapper would, and encodes each tensor map once per (address, shape,
+strides, encoding).  Checked on the CPU: the C launcher is replaced by a recorder and
+cuTensorMapEncodeTiled by a function that returns its arguments."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import triton
+
+gluon_hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+nvidia_driver = pytest.importorskip("triton.backends.nvidia.driver")
+
+from impl.attention import triton_launch  # noqa: E402
+from impl.attention.triton_launch import Launch  # noqa: E402
+
+BOX = [1, 1, 128, 64]
+SIGNATURE = {0: "tensordesc<bf16[1, 1, 128, 64]>", 1: "*bf16", 2: "tensordesc<bf16[1, 1, 128, 64]>", 3: "i32",
+             4: "constexpr"}
+META = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": BOX, "fp4_padded": False}
+
+
+class CudaLauncher:  # the name the direct path checks for, with the attributes it reads
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid = launch_pdl = False
+    num_ctas = 1
+
+    def __init__(self, launch):
+        self.launch = launch
+
+
+def _fake_kernel():
+    return types.SimpleNamespace(arg_names=["a_desc", "x_ptr", "b_desc", "n", "BLOCK"], fn=None)
+
+
+def _descriptor(t):
+    layout = gluon_hopper.NVMMASharedLayout.get_default_for(BOX, triton.experimental.gluon.language.bfloat16)
+    return gluon_hopper.TensorDescriptor(t, list(t.shape), list(t.stride()), BOX, layout)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """(calls to the C launcher, calls to the encoder); the driver and stream faked."""
+    launches, encodes = [], []
+
+    def fill(*args):
+        encodes.append(args)
+        return ("map", *map(lambda a: tuple(a) if isinstance(a, list) else a, args))
+
+    fake_driver = types.SimpleNamespace(utils=types.SimpleNamespace(fill_tma_descriptor=fill))
+    monkeypatch.setattr(triton.runtime.driver, "_active", fake_driver)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
+    monkeypatch.setattr(triton_launch, "_ENCODED", {})
+    return launches, encodes, lambda *args: launches.append(args)
+
+
+def _bound(raw_launch, wrapper=None):
+    wrapper = wrapper or nvidia_driver.wrap_handle_tensordesc(raw_launch, SIGNATURE, [META, META])
+    launch = Launch(_fake_kernel(), (2, 1), (5,), {"BLOCK": 64}, {"num_warps": 4}, torch.device("cpu"),
+                    descriptors=(_descriptor, None, _descriptor))
+    compiled = types.SimpleNamespace(run=CudaLauncher(wrapper), function="fn", packed_metadata="meta")
+    launch.device_index = 0
+    launch.compiled = compiled
+    launch._bind_c_launcher(compiled)
+    return launch, wrapper
+
+
+def _tensors():
+    a = torch.randn(2, 3, 200, 64).to(torch.bfloat16)
+    b = torch.randn(1, 4, 300, 64).to(torch.bfloat16).transpose(1, 2)[:, :2].transpose(1, 2)
+    return a, torch.zeros(8, dtype=torch.bfloat16), b
+
+
+def test_the_direct_path_passes_what_tritons_descriptor_wrapper_passes(recorded):
+    launches, encodes, raw = recorded
+    launch, wrapper = _bound(raw)
+    assert launch.encodings is not None, "the direct path did not recognise Triton's descriptor wrapper"
+    a, x, b = _tensors()
+    launch._direct((a, x, b))
+    ours = launches.pop()
+    # Triton's path: TensorDescriptors through its own wrapper, with the same head arguments.
+    wrapper(2, 1, 1, 7, "fn", False, False, None, None, "meta", None, None, None, _descriptor(a), x, _descriptor(b), 5,
+            64)
+    assert ours == launches.pop()
+
+
+def test_a_tensor_map_is_encoded_once_per_address_shape_and_strides(recorded):
+    launches, encodes, raw = recorded
+    launch, _ = _bound(raw)
+    a, x, b = _tensors()
+    for _ in range(3):
+        launch._direct((a, x, b))
+    assert len(encodes) == 2
+    launch._direct((a.clone(), x, b))  # another address: encoded anew
+    assert len(encodes) == 3
+    launch._direct((a[:, :2], x, b))  # the same address, another shape: encoded anew
+    assert len(encodes) == 4 and encodes[3][0] == a.data_ptr() and encodes[3][5] == [2, 2, 200, 64]
+
+
+def test_an_unrecognised_wrapper_gets_tensor_descriptors(recorded):
+    launches, encodes, raw = recorded
+    seen = []
+    launch, _ = _bound(raw, wrapper=lambda *args: seen.append(args))
+    assert launch.c_launch is None and launch.encodings is None
+    a, x, b = _tensors()
+    launch.compiled.run = lambda *args: seen.append(args)
+    launch._direct((a, x, b))
+    assert isinstance(seen[-1][9], gluon_hopper.TensorDescriptor) and seen[-1][10] is x
+    assert isinstance(seen[-1][11], gluon_hopper.TensorDescriptor) and not encodes
+
+
+def test_the_cache_is_bounded(recorded, monkeypatch):
+    launches, encodes, raw = recorded
+    monkeypatch.setattr(triton_launch, "MAX_ENCODED", 3)
+    launch, _ = _bound(raw)
+    x = torch.zeros(8, dtype=torch.bfloat16)
+    for _ in range(5):
+        launch._direct((torch.zeros(1, 1, 130, 64, dtype=torch.bfloat16), x,
+                        torch.zeros(1, 1, 140, 64, dtype=torch.bfloat16)))
+    assert len(triton_launch._ENCODED) <= 3
+
