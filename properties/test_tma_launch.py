@@ -18,8 +18,8 @@ from impl.attention import triton_launch  # noqa: E402
 from impl.attention.triton_launch import Launch  # noqa: E402
 
 BOX = [1, 1, 128, 64]
-SIGNATURE = {0: "tensordesc<bf16[1, 1, 128, 64]>", 1: "*bf16", 2: "tensordesc<bf16[1, 1, 128, 64]>", 3: "i32",
-             4: "constexpr"}
+SIGNATURE = {0: "tensordesc<bf16[1, 1, 128, 64]>", 1: "*bf16", 2: "tensordesc<bf16[1, 1, 128, 64]>", 3: "*fp32",
+             4: "i32", 5: "constexpr"}
 META = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": BOX, "fp4_padded": False}
 
 
@@ -33,7 +33,7 @@ class CudaLauncher:  # the name the direct path checks for, with the attributes 
 
 
 def _fake_kernel():
-    return types.SimpleNamespace(arg_names=["a_desc", "x_ptr", "b_desc", "n", "BLOCK"], fn=None)
+    return types.SimpleNamespace(arg_names=["a_desc", "x_ptr", "b_desc", "y_ptr", "n", "BLOCK"], fn=None)
 
 
 def _descriptor(t):
@@ -71,32 +71,32 @@ def _bound(raw_launch, wrapper=None):
 def _tensors():
     a = torch.randn(2, 3, 200, 64).to(torch.bfloat16)
     b = torch.randn(1, 4, 300, 64).to(torch.bfloat16).transpose(1, 2)[:, :2].transpose(1, 2)
-    return a, torch.zeros(8, dtype=torch.bfloat16), b
+    return a, torch.zeros(8, dtype=torch.bfloat16), b, torch.ones(3)
 
 
 def test_the_direct_path_passes_what_tritons_descriptor_wrapper_passes(recorded):
     launches, encodes, raw = recorded
     launch, wrapper = _bound(raw)
     assert launch.encodings is not None, "the direct path did not recognise Triton's descriptor wrapper"
-    a, x, b = _tensors()
-    launch._direct((a, x, b))
+    a, x, b, y = _tensors()
+    launch._direct((a, x, b, y))
     ours = launches.pop()
     # Triton's path: TensorDescriptors through its own wrapper, with the same head arguments.
-    wrapper(2, 1, 1, 7, "fn", False, False, None, None, "meta", None, None, None, _descriptor(a), x, _descriptor(b), 5,
-            64)
+    wrapper(2, 1, 1, 7, "fn", False, False, None, None, "meta", None, None, None, _descriptor(a), x, _descriptor(b), y,
+            5, 64)
     assert ours == launches.pop()
 
 
 def test_a_tensor_map_is_encoded_once_per_address_shape_and_strides(recorded):
     launches, encodes, raw = recorded
     launch, _ = _bound(raw)
-    a, x, b = _tensors()
+    a, x, b, y = _tensors()
     for _ in range(3):
-        launch._direct((a, x, b))
+        launch._direct((a, x, b, y))
     assert len(encodes) == 2
-    launch._direct((a.clone(), x, b))  # another address: encoded anew
+    launch._direct((a.clone(), x, b, y))  # another address: encoded anew
     assert len(encodes) == 3
-    launch._direct((a[:, :2], x, b))  # the same address, another shape: encoded anew
+    launch._direct((a[:, :2], x, b, y))  # the same address, another shape: encoded anew
     assert len(encodes) == 4 and encodes[3][0] == a.data_ptr() and encodes[3][5] == [2, 2, 200, 64]
 
 
@@ -105,11 +105,11 @@ def test_an_unrecognised_wrapper_gets_tensor_descriptors(recorded):
     seen = []
     launch, _ = _bound(raw, wrapper=lambda *args: seen.append(args))
     assert launch.c_launch is None and launch.encodings is None
-    a, x, b = _tensors()
+    a, x, b, y = _tensors()
     launch.compiled.run = lambda *args: seen.append(args)
-    launch._direct((a, x, b))
+    launch._direct((a, x, b, y))
     assert isinstance(seen[-1][9], gluon_hopper.TensorDescriptor) and seen[-1][10] is x
-    assert isinstance(seen[-1][11], gluon_hopper.TensorDescriptor) and not encodes
+    assert isinstance(seen[-1][11], gluon_hopper.TensorDescriptor) and seen[-1][12] is y and not encodes
 
 
 def test_the_cache_is_bounded(recorded, monkeypatch):
@@ -119,6 +119,6 @@ def test_the_cache_is_bounded(recorded, monkeypatch):
     x = torch.zeros(8, dtype=torch.bfloat16)
     for _ in range(5):
         launch._direct((torch.zeros(1, 1, 130, 64, dtype=torch.bfloat16), x,
-                        torch.zeros(1, 1, 140, 64, dtype=torch.bfloat16)))
+                        torch.zeros(1, 1, 140, 64, dtype=torch.bfloat16), x))
     assert len(triton_launch._ENCODED) <= 3
 

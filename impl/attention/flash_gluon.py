@@ -158,31 +158,32 @@ if GLUON_IMPORT_ERROR is None:
         return p, m_new, l_i, alpha
 
     @gluon.jit
-    def _fwd_consumer(q_smem, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+    def _fwd_consumer(q_tile, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
                       o_ptr, lse_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles, qk_scale, sm_scale,
                       stride_ob, stride_oh, stride_on, lse_row0,
-                      IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
-                      MUTANT: gl.constexpr):
-        s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
-        o_layout: gl.constexpr = _mma_layout(HEAD_DIM, num_warps)
+                      IS_CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MUTANT: gl.constexpr):
+        """One warpgroup's ROWS query rows from q_start, over every key tile of the CTA (each
+        slot's empty barrier counts both consumers' arrivals)."""
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, 4)
+        o_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
         p_layout: gl.constexpr = _operand_a(o_layout)
-        dtype: gl.constexpr = q_smem.dtype
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        dtype: gl.constexpr = q_tile.dtype
+        s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
 
         # The kept mutant 2 waits on the wrong parity: a fresh barrier reports it complete at once.
         flip: gl.constexpr = 1 if MUTANT == 2 else 0
         mbarrier.wait(q_bar, 0)
         # Tile 0: its scores and softmax, no product in flight yet.
         mbarrier.wait(k_ready.index(0), 0 ^ flip)
-        s = warpgroup_mma(q_smem, _tile(k_bufs, 0, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
+        s = warpgroup_mma(q_tile, _tile(k_bufs, 0, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
                           use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s, ))
         _release(k_empty, 0)
-        p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, 0, q_start, n_k, qk_scale, IS_CAUSAL, BLOCK_M,
+        p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, 0, q_start, n_k, qk_scale, IS_CAUSAL, ROWS,
                                              BLOCK_N, s_layout, MUTANT == 3)
         if MUTANT == 1:
             mbarrier.wait(v_ready.index(0), 0)
@@ -191,7 +192,7 @@ if GLUON_IMPORT_ERROR is None:
             slot = j % STAGES
             prev = (j - 1) % STAGES
             mbarrier.wait(k_ready.index(slot), ((j // STAGES) & 1) ^ flip)
-            s_tok = warpgroup_mma(q_smem, _tile(k_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
+            s_tok = warpgroup_mma(q_tile, _tile(k_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
             if MUTANT != 1:
                 mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
@@ -200,7 +201,7 @@ if GLUON_IMPORT_ERROR is None:
             s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j retired; P_{j-1} V_{j-1} may still run
             _release(k_empty, slot)
             p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, j * BLOCK_N, q_start, n_k, qk_scale, IS_CAUSAL,
-                                                 BLOCK_M, BLOCK_N, s_layout, MUTANT == 3)
+                                                 ROWS, BLOCK_N, s_layout, MUTANT == 3)
             if MUTANT == 1:  # the kept mutant 1 hands V_j's slot back as soon as V_j lands, a product early
                 mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
                 _release(v_empty, slot)
@@ -220,11 +221,11 @@ if GLUON_IMPORT_ERROR is None:
         # O = acc / l; L = m * scale + ln l (natural log, per query row).
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
         out = (acc / l_o[:, None]).to(dtype)
-        rows = q_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        rows = q_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         o_base = o_ptr + b_i * stride_ob + h_i * stride_oh
         gl.store(o_base + rows[:, None] * stride_on + cols[None, :], out, mask=(rows < n_q)[:, None])
-        lse_rows = q_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        lse_rows = q_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
         lse = m_i * sm_scale + gl.log(l_i)
         gl.store(lse_ptr + lse_row0 + lse_rows, lse, mask=lse_rows < n_q)
 
@@ -232,8 +233,11 @@ if GLUON_IMPORT_ERROR is None:
     def _flash_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, H, n_q, n_k, qk_scale, sm_scale,
                           stride_ob, stride_oh, stride_on,
                           IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
-                          MUTANT: gl.constexpr):
+                          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                          num_warps: gl.constexpr, MUTANT: gl.constexpr):
+        # Two consumer warpgroups (the default partition, num_warps=4, and a 4-warp worker),
+        # BLOCK_M // 2 rows each, and the loader warp.
+        ROWS: gl.constexpr = BLOCK_M // 2
         bh = gl.program_id(0)
         n_m_tiles = gl.num_programs(1)
         m_tile = gl.program_id(1)
@@ -259,21 +263,25 @@ if GLUON_IMPORT_ERROR is None:
         mbarrier.init(q_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer warpgroup
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=2)
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b_i, h_i, q_start, 0], q_bar, q_smem)
 
         q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
         gl.warp_specialize([
-            (_fwd_consumer, (q_tile, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+            (_fwd_consumer, (q_tile.slice(0, ROWS), q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
                              o_ptr, lse_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles, qk_scale, sm_scale,
                              stride_ob, stride_oh, stride_on, bh * n_q,
-                             IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps, MUTANT)),
+                             IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES, MUTANT)),
+            (_fwd_consumer, (q_tile.slice(ROWS, ROWS), q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                             o_ptr, lse_ptr, b_i, h_i, q_start + ROWS, n_q, n_k, n_tiles, qk_scale, sm_scale,
+                             stride_ob, stride_oh, stride_on, bh * n_q,
+                             IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES, MUTANT)),
             (_load_ring, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
                           b_i, h_i, 0, n_tiles, BLOCK_N, STAGES)),
-        ], [1], [24])
+        ], [4, 1], [CONSUMER_REGS, 24])
 
     @gluon.jit
     def _bwd_dq_consumer(q_tile, do_tile, fixed_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
@@ -493,18 +501,21 @@ if GLUON_IMPORT_ERROR is None:
 @dataclass(frozen=True)
 class GluonConfig:
     """Tiles of one kernel: BLOCK_M query rows and BLOCK_N keys a tile, STAGES ring slots,
-    num_warps consumer warps (the loader warp comes on top), maxnreg the per-thread
-    register cap at launch that warp specialisation redistributes (loader 24, consumers the rest)."""
+    num_warps the default partition's warps (the loader warp, and the forward's second
+    consumer warpgroup, come on top), maxnreg the per-thread register cap at launch that warp
+    specialisation redistributes (loader 24, consumers the rest; the forward's worker
+    warpgroup asks for consumer_regs)."""
 
     block_m: int
     block_n: int
     stages: int
     num_warps: int = 8
     maxnreg: int = 168
+    consumer_regs: int = 240
 
 
 # From perf.tune.gluon_configs on an H200 (perf/results/2026-11-27-h200-gluon-attention/).
-FORWARD_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 128, 2)}
+FORWARD_CONFIGS = {64: GluonConfig(128, 128, 2, num_warps=4), 128: GluonConfig(128, 128, 2, num_warps=4)}
 BACKWARD_DQ_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 64, 2)}
 BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
 
@@ -605,7 +616,7 @@ class _ForwardPlan:
             _flash_fwd_kernel, (B * H, triton.cdiv(n_q, cfg.block_m)),
             (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4_strides[:3]),
             dict(IS_CAUSAL=self.is_causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
-                 MUTANT=mutant), cfg, q.device, (cfg.block_m, cfg.block_n, cfg.block_n))
+                 CONSUMER_REGS=cfg.consumer_regs, MUTANT=mutant), cfg, q.device, (cfg.block_m, cfg.block_n, cfg.block_n))
 
     def __call__(self, q, k, v):
         q4, k4, v4 = (_as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v), self.copy))

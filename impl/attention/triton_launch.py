@@ -169,7 +169,7 @@ class Launch:
                         expanded.append(t)
                     else:
                         expanded.extend(encoded_descriptor(fill, t, meta))
-                tensors = expanded
+                tensors = (*expanded, *tensors[len(self.encodings):])
             self.c_launch(g0, g1, g2, stream, *self.c_head, scratch, None, *self.c_head_meta,
                           *tensors, *self.rest, *self.constexprs.values())
             return

@@ -2,12 +2,14 @@
 take it, and the device time of each kernel, for our Triton attention and torch SDPA.
 
     python perf/scripts/attention_host_overhead.py [--out DIR] [--seq 128 512] [--calls 200]
-        [--before MODULE]
+        [--before MODULE] [--impls triton triton_run sdpa gluon gluon_new_maps]
 
 Variants of ours: ``triton`` (launch plans, compiled kernels launched directly),
 ``triton_run`` (the same plans, every launch through Triton's JITFunction.run), and, with
 ``--before impl.attention.some_module``, an older flash_triton kept as a module (the
-comparison in one run).
+comparison in one run).  On Hopper: ``gluon`` (the Gluon flavour, its tensor maps cached by
+address as a training loop that reuses its allocations would hit them) and
+``gluon_new_maps`` (the cache emptied before every call: each tensor map encoded anew).
 
 Host time: ``perf_counter`` around ``calls`` launches with no synchronisation inside the
 loop (what the CPU spends issuing the work), then one synchronise; ``rounds`` rounds that
@@ -58,6 +60,7 @@ def main():
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--before", default=None, help="module of an older flash_triton to compare with")
+    p.add_argument("--impls", nargs="+", default=["triton", "triton_run", "sdpa"])
     a = p.parse_args()
     import importlib
 
@@ -70,11 +73,23 @@ def main():
             return FlashAttentionTriton.apply(q, k, v, True)
         return fn
 
-    impls = {"triton": direct(True), "triton_run": direct(False)}
+    def gluon(new_maps):
+        from impl.attention.flash_gluon import FlashAttentionGluon
+
+        def fn(q, k, v):
+            triton_launch.DIRECT = True
+            if new_maps:
+                triton_launch._ENCODED.clear()
+            return FlashAttentionGluon.apply(q, k, v, True)
+        return fn
+
+    known = {"triton": lambda: direct(True), "triton_run": lambda: direct(False),
+             "sdpa": lambda: lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+             "gluon": lambda: gluon(False), "gluon_new_maps": lambda: gluon(True)}
+    impls = {name: known[name]() for name in a.impls}
     if a.before:
         before = importlib.import_module(a.before).FlashAttentionTriton
         impls["before"] = lambda q, k, v: before.apply(q, k, v, True)
-    impls["sdpa"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     for n in a.seq:
         q, k, v, do = _inputs(n)
@@ -83,8 +98,13 @@ def main():
         def passes(name):
             attn, o = impls[name], graphs[name]
             fwd = lambda: attn(q, k, v)  # noqa: E731
-            bwd = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
-            return fwd, bwd
+            grad = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
+            if name == "gluon_new_maps":
+                def bwd():
+                    triton_launch._ENCODED.clear()
+                    return grad()
+                return fwd, bwd
+            return fwd, grad
 
         # Rounds interleave the variants, so a slow phase of the host hits all of them; medians.
         host = {name: {"forward": [], "backward": []} for name in impls}
@@ -102,7 +122,7 @@ def main():
                    "forward_host_us_rounds": [round(x, 1) for x in host[name]["forward"]],
                    "backward_host_us_rounds": [round(x, 1) for x in host[name]["backward"]],
                    "forward_kernels_us": kernel_us_per_call(fwd), "backward_kernels_us": kernel_us_per_call(bwd)}
-            if name == "triton":
+            if name in ("triton", "gluon"):
                 row["backward_profile"] = python_profile(bwd, a.calls, 25)
                 row["forward_profile"] = python_profile(fwd, a.calls, 15)
             result[f"{name} N={n}"] = row

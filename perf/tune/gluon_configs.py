@@ -3,7 +3,9 @@ the Triton flavour's outputs, then timed (do_bench medians, the candidates of on
 interleaved rounds); and the host time of a short forward + backward next to the Triton
 flavour and SDPA.
 
-    PYTHONPATH=. python -m perf.tune.gluon_configs [--out DIR]
+    PYTHONPATH=. python -m perf.tune.gluon_configs [--out DIR] [--host-only]
+
+A candidate is (BLOCK_M, BLOCK_N, STAGES); the table's other fields (warps, registers) stay.
 
 Prints one table per kernel and shape and writes OUT/gluon_configs.json.
 """
@@ -11,6 +13,7 @@ Prints one table per kernel and shape and writes OUT/gluon_configs.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -21,7 +24,7 @@ import triton.testing
 
 import impl.attention.flash_gluon as fg
 from impl.attention.flash_triton import FlashAttentionTriton
-from impl.attention.flash_gluon import FlashAttentionGluon, GluonConfig
+from impl.attention.flash_gluon import FlashAttentionGluon
 
 SHAPES = {"leaderboard B1 H16 N16384 d64 causal": (1, 16, 16384, 64, True),
           "B4 H16 N4096 d128 full": (4, 16, 4096, 128, False),
@@ -50,6 +53,11 @@ def run(fn, q, k, v, do, causal):
     return o.detach(), [t.grad for t in (q, k, v)]
 
 
+def _with(default, cand):
+    block_m, block_n, stages = cand
+    return dataclasses.replace(default, block_m=block_m, block_n=block_n, stages=stages)
+
+
 def tune(kind, shape_name, rounds=3):
     b, h, n, d, causal = SHAPES[shape_name]
     (q, k, v), do = inputs(b, h, n, d)
@@ -57,7 +65,7 @@ def tune(kind, shape_name, rounds=3):
     table, default = TABLES[kind], TABLES[kind][d]
     rows, times = [], {}
     for cand in CANDIDATES[kind][d]:
-        table[d] = GluonConfig(*cand)
+        table[d] = _with(default, cand)
         fg._PLANS.clear()
         try:
             o, g = run(FlashAttentionGluon, q, k, v, do, causal)
@@ -69,7 +77,7 @@ def tune(kind, shape_name, rounds=3):
             rows.append(dict(kind=kind, shape=shape_name, config=cand, error=f"{type(exc).__name__}: {exc}"[:200]))
     for _ in range(rounds):
         for cand in list(times):
-            table[d] = GluonConfig(*cand)
+            table[d] = _with(default, cand)
             fg._PLANS.clear()
             if kind == "fwd":
                 f = lambda: FlashAttentionGluon.apply(q, k, v, causal)  # noqa: E731
@@ -100,9 +108,10 @@ def host_us(fn, q, k, v, do, causal, calls=50):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--host-only", action="store_true", help="only the host time of a short forward + backward")
     a = p.parse_args()
     rows = []
-    for kind in ("fwd", "dq", "dkdv"):
+    for kind in () if a.host_only else ("fwd", "dq", "dkdv"):
         for shape in SHAPES:
             for r in tune(kind, shape):
                 rows.append(r)
