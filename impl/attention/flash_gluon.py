@@ -289,9 +289,10 @@ if GLUON_IMPORT_ERROR is None:
                          qk_scale, sm_scale, stride_ob, stride_oh, stride_on, stride_gb, stride_gh, stride_gn,
                          stride_qb, stride_qh, stride_qn, row0,
                          IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
-        s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
-        o_layout: gl.constexpr = _mma_layout(HEAD_DIM, num_warps)
+                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """One warpgroup's BLOCK_M query rows from q_start (half of the program's)."""
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, 4)
+        o_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
         ds_layout: gl.constexpr = _operand_a(o_layout)
         dtype: gl.constexpr = q_tile.dtype
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -346,7 +347,10 @@ if GLUON_IMPORT_ERROR is None:
                              stride_ob, stride_oh, stride_on, stride_gb, stride_gh, stride_gn,
                              stride_qb, stride_qh, stride_qn,
                              IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                             num_warps: gl.constexpr):
+        # Two consumer warpgroups of BLOCK_M // 2 query rows each, as the forward's.
+        ROWS: gl.constexpr = BLOCK_M // 2
         bh = gl.program_id(0)
         m_tile = gl.program_id(1)
         if IS_CAUSAL:
@@ -372,23 +376,31 @@ if GLUON_IMPORT_ERROR is None:
         mbarrier.init(fixed_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer warpgroup
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=2)
         mbarrier.expect(fixed_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b_i, h_i, q_start, 0], fixed_bar, q_smem)
         tma.async_copy_global_to_shared(do_desc, [b_i, h_i, q_start, 0], fixed_bar, do_smem)
 
+        q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
+        do_tile = do_smem.reshape([BLOCK_M, HEAD_DIM])
         gl.warp_specialize([
-            (_bwd_dq_consumer, (q_smem.reshape([BLOCK_M, HEAD_DIM]), do_smem.reshape([BLOCK_M, HEAD_DIM]), fixed_bar,
+            (_bwd_dq_consumer, (q_tile.slice(0, ROWS), do_tile.slice(0, ROWS), fixed_bar,
                                 k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
                                 o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles,
                                 qk_scale, sm_scale, stride_ob, stride_oh, stride_on, stride_gb, stride_gh, stride_gn,
                                 stride_qb, stride_qh, stride_qn, bh * n_q,
-                                IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps)),
+                                IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES)),
+            (_bwd_dq_consumer, (q_tile.slice(ROWS, ROWS), do_tile.slice(ROWS, ROWS), fixed_bar,
+                                k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                                o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, b_i, h_i, q_start + ROWS, n_q, n_k,
+                                n_tiles, qk_scale, sm_scale, stride_ob, stride_oh, stride_on,
+                                stride_gb, stride_gh, stride_gn, stride_qb, stride_qh, stride_qn, bh * n_q,
+                                IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES)),
             (_load_ring, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
                           b_i, h_i, 0, n_tiles, BLOCK_N, STAGES)),
-        ], [1], [24])
+        ], [4, 1], [CONSUMER_REGS, 24])
 
     @gluon.jit
     def _bwd_dkdv_consumer(k_tile, v_tile, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
@@ -396,10 +408,11 @@ if GLUON_IMPORT_ERROR is None:
                            qk_scale, sm_scale, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                            row0,
                            IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
-        # Transposed scores: rows are this program's keys, columns a tile of queries.
-        st_layout: gl.constexpr = _mma_layout(BLOCK_M, num_warps)
-        kv_layout: gl.constexpr = _mma_layout(HEAD_DIM, num_warps)
+                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """One warpgroup's BLOCK_N keys from key_start (half of the program's)."""
+        # Transposed scores: rows are this warpgroup's keys, columns a tile of queries.
+        st_layout: gl.constexpr = _mma_layout(BLOCK_M, 4)
+        kv_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
         op_layout: gl.constexpr = _operand_a(kv_layout)
         dtype: gl.constexpr = k_tile.dtype
         col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
@@ -450,7 +463,10 @@ if GLUON_IMPORT_ERROR is None:
                                H, n_q, n_k, qk_scale, sm_scale,
                                stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                                IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                               num_warps: gl.constexpr):
+        # Two consumer warpgroups of BLOCK_N // 2 keys each over the same query tiles.
+        KEYS: gl.constexpr = BLOCK_N // 2
         bh = gl.program_id(0)
         b_i = bh // H
         h_i = bh % H
@@ -474,23 +490,31 @@ if GLUON_IMPORT_ERROR is None:
         mbarrier.init(fixed_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
-            mbarrier.init(q_empty.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=2)  # one arrival from each consumer warpgroup
             mbarrier.init(do_ready.index(i), count=1)
-            mbarrier.init(do_empty.index(i), count=1)
+            mbarrier.init(do_empty.index(i), count=2)
         mbarrier.expect(fixed_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [b_i, h_i, key_start, 0], fixed_bar, k_smem)
         tma.async_copy_global_to_shared(v_desc, [b_i, h_i, key_start, 0], fixed_bar, v_smem)
 
+        k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
+        v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
         gl.warp_specialize([
-            (_bwd_dkdv_consumer, (k_smem.reshape([BLOCK_N, HEAD_DIM]), v_smem.reshape([BLOCK_N, HEAD_DIM]), fixed_bar,
+            (_bwd_dkdv_consumer, (k_tile.slice(0, KEYS), v_tile.slice(0, KEYS), fixed_bar,
                                   q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                                   dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k,
                                   n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
                                   stride_vb, stride_vh, stride_vn, bh * n_q,
-                                  IS_CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps)),
+                                  IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES)),
+            (_bwd_dkdv_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), fixed_bar,
+                                  q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                                  dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start + KEYS, first_tile, n_q,
+                                  n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
+                                  stride_vb, stride_vh, stride_vn, bh * n_q,
+                                  IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES)),
             (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                           b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
-        ], [1], [24])
+        ], [4, 1], [CONSUMER_REGS, 24])
 
 
 # ---------------------------------------------------------------------------------------
@@ -500,22 +524,23 @@ if GLUON_IMPORT_ERROR is None:
 
 @dataclass(frozen=True)
 class GluonConfig:
-    """Tiles of one kernel: BLOCK_M query rows and BLOCK_N keys a tile, STAGES ring slots,
-    num_warps the default partition's warps (the loader warp, and the forward's second
-    consumer warpgroup, come on top), maxnreg the per-thread register cap at launch that warp
-    specialisation redistributes (loader 24, consumers the rest; the forward's worker
-    warpgroup asks for consumer_regs)."""
+    """Tiles of one kernel: BLOCK_M query rows and BLOCK_N keys a tile (each kernel splits its
+    program's tile between two consumer warpgroups), STAGES ring slots, num_warps the
+    default partition's warps (one warpgroup, the first consumer; the second consumer and
+    the loader warp come on top), maxnreg the per-thread register cap at launch that warp
+    specialisation redistributes (loader 24, the worker consumer consumer_regs, the default
+    partition the rest)."""
 
     block_m: int
     block_n: int
     stages: int
-    num_warps: int = 8
+    num_warps: int = 4
     maxnreg: int = 168
     consumer_regs: int = 240
 
 
 # From perf.tune.gluon_configs on an H200 (perf/results/2026-11-27-h200-gluon-attention/).
-FORWARD_CONFIGS = {64: GluonConfig(128, 128, 2, num_warps=4), 128: GluonConfig(128, 128, 2, num_warps=4)}
+FORWARD_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 128, 2)}
 BACKWARD_DQ_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 64, 2)}
 BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
 
@@ -652,14 +677,14 @@ class _BackwardPlan:
         self.dq = _launch(
             _flash_bwd_dq_kernel, (B * H, triton.cdiv(n_q, cfg.block_m)),
             (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4.stride()[:3], *do4.stride()[:3], *dq4s[:3]),
-            dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages),
-            cfg, q.device, (cfg.block_m, cfg.block_m, cfg.block_n, cfg.block_n))
+            dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
+                 CONSUMER_REGS=cfg.consumer_regs), cfg, q.device, (cfg.block_m, cfg.block_m, cfg.block_n, cfg.block_n))
         cfg = self.dkdv_cfg = BACKWARD_DKDV_CONFIGS[d]
         self.dkdv = _launch(
             _flash_bwd_dkdv_kernel, (B * H, triton.cdiv(n_k, cfg.block_n)),
             (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
-            dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages),
-            cfg, q.device, (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m))
+            dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
+                 CONSUMER_REGS=cfg.consumer_regs), cfg, q.device, (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m))
 
     def __call__(self, q, k, v, o, lse, grad_o):
         q4, k4, v4, do4 = (_as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v, grad_o), self.copy))
