@@ -21,17 +21,20 @@ Contract
     float32, shape q.shape[:-1], contiguous), the only saved tensor of that shape.
 
 Schedule
-    Forward: one program per (128-row query tile, batch-head); the default partition's 8
-    warps (two warpgroups of 64 rows) compute, one loader warp issues TMA loads of K_j and
-    V_j into a STAGES-deep ring of shared-memory slots, each slot with a "ready" mbarrier
-    (TMA completes it) and an "empty" one (the consumers arrive when their MMAs that read
-    it have retired).  Per key tile j the consumers issue S_j = Q K_j^T, then
-    O += P_{j-1} V_{j-1}, both asynchronous; wait for S_j alone, free K_j's slot, run the
-    softmax of tile j while the P V product is in flight, then wait for it, free V's
-    slot and rescale O by exp(m_{j-1} - m_j).
-    Backward: a dQ kernel (one program per query tile; K_j, V_j fed by the loader warp)
-    that first stores D_i = rowsum(dO_i * O_i), then a dK/dV kernel (one program per key
-    tile; Q_i, dO_i fed by the loader warp) that reads D and L.  P = exp(S - L) is
+    Every kernel: one program per tile, split between two consumer warpgroups (the default
+    partition and a 4-warp worker, each its own half of the tile's rows), and a one-warp
+    loader partition that issues TMA loads into a STAGES-deep ring of shared-memory slots.
+    Each slot has a "ready" mbarrier (TMA completes it) and an "empty" one that counts an
+    arrival from each consumer once its MMAs that read the slot have retired; a consumer
+    syncs only its own 128 threads, so the two drift and one's softmax overlaps the other's
+    products.
+    Forward: one program per (128-row query tile, batch-head), 64 rows a consumer.  Per key
+    tile j a consumer issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, both asynchronous;
+    waits for S_j alone, frees K_j's slot, runs the softmax of tile j while the P V product
+    is in flight, then waits for it, frees V's slot and rescales O by exp(m_{j-1} - m_j).
+    Backward: a dQ kernel (one program per query tile, K_j and V_j from the ring) that
+    first stores D_i = rowsum(dO_i * O_i), then a dK/dV kernel (one program per key tile,
+    64 keys a consumer, Q_i and dO_i from the ring) that reads D and L.  P = exp(S - L) is
     recomputed, N_q x N_k is never stored, no atomics: dQ, dK, dV are the same bits on
     every call.
     Phases: slot s of tile i waits on parity (i // STAGES) & 1; the loader's first pass
@@ -113,8 +116,9 @@ if GLUON_IMPORT_ERROR is None:
 
     @gluon.jit
     def _release(empty_bars, slot):
-        """Every consumer warp is past the wait of the MMAs that read the slot: hand it back.
-        (Without the barrier one warpgroup could free a slot the other still reads.)"""
+        """This consumer's warps are all past the wait of the MMAs that read the slot: hand it
+        back (one thread arrives for the warpgroup; the barrier is the partition's own, its
+        128 threads; the slot is free once both consumers have arrived)."""
         gl.thread_barrier()
         mbarrier.arrive(empty_bars.index(slot), count=1)
 

@@ -101,6 +101,8 @@ def make_step(model: gpt.GPT, mode: str, precision: str, batch: int, context: in
     device = next(model.parameters()).device
     g = torch.Generator(device=device).manual_seed(seed)
     inputs, targets = gpt.random_batch(model.cfg, batch, context, device=device, generator=g)
+    if compiled:  # Dynamo's caches start empty for each variant: earlier variants' graphs of the
+        torch._dynamo.reset()  # same forward would count against its recompile limit (8) and run eagerly
     forward_model = torch.compile(model, dynamic=False) if compiled else model
 
     def forward_loss():

@@ -3,7 +3,7 @@ the Triton flavour's outputs, then timed (do_bench medians, the candidates of on
 interleaved rounds); and the host time of a short forward + backward next to the Triton
 flavour and SDPA.
 
-    PYTHONPATH=. python -m perf.tune.gluon_configs [--out DIR] [--host-only]
+    PYTHONPATH=. python -m perf.tune.gluon_configs [--out DIR] [--host-only] [--kinds fwd dq dkdv]
 
 A candidate is (BLOCK_M, BLOCK_N, STAGES); the table's other fields (warps, registers) stay.
 
@@ -32,8 +32,8 @@ SHAPES = {"leaderboard B1 H16 N16384 d64 causal": (1, 16, 16384, 64, True),
 CANDIDATES = {
     "fwd": {64: [(128, 128, 3), (128, 128, 2), (128, 64, 3), (128, 64, 4)],
             128: [(128, 128, 2), (128, 64, 3), (128, 64, 4)]},
-    "dq": {64: [(128, 64, 3), (128, 128, 2)], 128: [(128, 64, 2), (128, 64, 3), (128, 128, 1)]},
-    "dkdv": {64: [(64, 128, 3), (128, 128, 2)], 128: [(64, 128, 2), (64, 128, 3)]},
+    "dq": {64: [(128, 64, 3), (128, 128, 2), (128, 128, 3)], 128: [(128, 64, 2), (128, 64, 3)]},
+    "dkdv": {64: [(64, 128, 3), (64, 128, 4), (32, 128, 4)], 128: [(32, 128, 3), (32, 128, 4), (64, 128, 3)]},
 }
 TABLES = {"fwd": fg.FORWARD_CONFIGS, "dq": fg.BACKWARD_DQ_CONFIGS, "dkdv": fg.BACKWARD_DKDV_CONFIGS}
 
@@ -109,9 +109,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--host-only", action="store_true", help="only the host time of a short forward + backward")
+    p.add_argument("--kinds", nargs="+", default=["fwd", "dq", "dkdv"], choices=["fwd", "dq", "dkdv"])
     a = p.parse_args()
     rows = []
-    for kind in () if a.host_only else ("fwd", "dq", "dkdv"):
+    for kind in () if a.host_only else a.kinds:
         for shape in SHAPES:
             for r in tune(kind, shape):
                 rows.append(r)
