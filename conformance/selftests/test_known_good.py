@@ -49,6 +49,17 @@ def test_a_broken_target_listed_as_known_good_is_refused(tmp_path):
         _judge_contract(broken, tmp_path)
 
 
+def test_a_target_offering_nothing_listed_as_known_good_is_refused(tmp_path):
+    """A known-good entry must offer its capability: one that offers none of it is refused,
+    not skipped (a skip is only for rows that could not run on this machine)."""
+    from conformance.selftests.known_good import KnownGood
+
+    empty = KnownGood("distributed sampler", "conformance.selftests.targets.slow_mean", "offers no sampler",
+                      ("conformance/spec/test_sampler.py",))
+    with pytest.raises(AssertionError, match="offers no distributed sampler"):
+        _judge_contract(empty, tmp_path)
+
+
 def _judge_contract(entry, tmp_path) -> None:
     """Run ``entry``'s capability at the contract tier in a child pytest; AssertionError
     unless its rows conform (a skip where nothing could run here)."""
@@ -68,7 +79,10 @@ def _judge_contract(entry, tmp_path) -> None:
     assert not failing, f"{entry.target} ({entry.design}) is correct but FAILS the contract:\n" + "\n".join(failing)
     if not checked:
         reasons = sorted({reason for r in rows for reason in r["contract"]["skip_reasons"]})
-        assert not any(r.startswith("not offered") for r in reasons), f"{entry.target} offers no {entry.capability}: {reasons}"
+        # Offered nothing: every reason is "not offered".  A row skipped for this machine
+        # ("needs 2 GPUs") beside rows of the family the target does not offer is a skip.
+        offered_nothing = bool(reasons) and all(r.startswith("not offered") for r in reasons)
+        assert not offered_nothing, f"{entry.target} offers no {entry.capability}: {reasons}"
         pytest.skip("; ".join(reasons[:3]) or f"no contract check of {entry.capability} ran")
 
 

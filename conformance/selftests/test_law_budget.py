@@ -46,7 +46,7 @@ def mean_on_ranks(ctx: RankContext, target_spec: str, n: int):
 
 def mean_is_right(target_spec: str, case) -> None:
     world, n = case
-    results = run_on_ranks(mean_on_ranks, world, target_spec, n, timeout=60)
+    results = run_on_ranks(mean_on_ranks, world, target_spec, n, timeout=60, device="cpu")
     expected = torch.arange(n, dtype=torch.float32) + (world - 1) / 2
     for rank, got in enumerate(results):
         assert torch.equal(got, expected), f"rank {rank}: mean over {world} ranks of arange({n}) + rank is {got.tolist()}"
@@ -64,7 +64,7 @@ def pools_up():
     """Pools of both world sizes up before any clock starts (a first start is not charged
     to a budget anyway; this keeps the timings below about the law alone)."""
     for world in (1, 2):
-        run_on_ranks(mean_on_ranks, world, f"{FIXTURES}:correct", 1, timeout=120)
+        run_on_ranks(mean_on_ranks, world, f"{FIXTURES}:correct", 1, timeout=120, device="cpu")
 
 
 def _timed(target: str, **kwargs) -> float:

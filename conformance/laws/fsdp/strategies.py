@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 import torch
 from hypothesis import strategies as st
 
+from conformance.laws import optimizers
+
 DTYPES = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -92,8 +94,8 @@ def _vocab(draw, d0: int, multiple_of: int) -> int:
 
 def make_optimizer(case: FSDPCase, params):
     if case.optimizer == "SGD":
-        return torch.optim.SGD(params, lr=case.lr)
-    return torch.optim.AdamW(params, lr=case.lr * 0.1, weight_decay=0.1)
+        return optimizers.build(torch.optim.SGD, params, lr=case.lr)
+    return optimizers.build(torch.optim.AdamW, params, lr=case.lr * 0.1, weight_decay=0.1)
 
 
 def optimizer_state_bytes_per_element(case: FSDPCase) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from conformance.laws import optimizers
 from impl.models.gpt import Block, GPTConfig, make_gpt
 
 from .strategies import BlockCase, CrossEntropyCase, EmbeddingCase, LinearCase, ModelCase
@@ -112,7 +113,7 @@ def gpt_batches(case: ModelCase):
 
 def optimizer(name: str, params):
     if name == "SGD":
-        return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01)
+        return optimizers.build(torch.optim.SGD, params, lr=0.1, momentum=0.9, weight_decay=0.01)
     if name == "AdamW":
-        return torch.optim.AdamW(params, lr=1e-2, eps=1e-3, weight_decay=0.01)
+        return optimizers.build(torch.optim.AdamW, params, lr=1e-2, eps=1e-3, weight_decay=0.01)
     raise ValueError(f"unknown optimizer {name!r}")
