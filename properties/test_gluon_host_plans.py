@@ -1,0 +1,101 @@
+"""The Gluon flavour's host plans launch each kernel with arguments its signature takes:
+tensor descriptors whose boxes are the kernel's tiles over the (B, H, N, d) view of each
+input, outputs of the inputs' shapes, the grid the kernel indexes, and the config table's
+tiles and warps.  Checked on the CPU with the three kernels replaced by recorders that bind
+every launch against the kernel's own signature (no GPU runs Gluon here; a mistake of this
+kind otherwise shows only on a Hopper machine)."""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import pytest
+import torch
+import triton
+
+fg = pytest.importorskip("impl.attention.flash_gluon")
+if fg.GLUON_IMPORT_ERROR is not None:  # pragma: no cover - a Triton without Gluon
+    pytest.skip(f"not run here: this Triton has no Gluon ({fg.GLUON_IMPORT_ERROR})", allow_module_level=True)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+
+KERNELS = ("_flash_fwd_kernel", "_flash_bwd_dq_kernel", "_flash_bwd_dkdv_kernel")
+# per kernel: its descriptor parameters and the constexpr that gives each one's box rows
+DESCRIPTOR_ROWS = {
+    "_flash_fwd_kernel": {"q_desc": "BLOCK_M", "k_desc": "BLOCK_N", "v_desc": "BLOCK_N"},
+    "_flash_bwd_dq_kernel": {"q_desc": "BLOCK_M", "do_desc": "BLOCK_M", "k_desc": "BLOCK_N", "v_desc": "BLOCK_N"},
+    "_flash_bwd_dkdv_kernel": {"k_desc": "BLOCK_N", "v_desc": "BLOCK_N", "q_desc": "BLOCK_M", "do_desc": "BLOCK_M"},
+}
+
+
+class _Recorder:
+    """Stands in for a Gluon kernel: ``kernel[grid](*args, **kwargs)`` binds the arguments to
+    the kernel's signature (TypeError on a mismatch) and records them."""
+
+    def __init__(self, kernel, calls):
+        self.kernel, self.fn, self.arg_names, self.calls = kernel, kernel.fn, kernel.arg_names, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            options = {k: kwargs.pop(k) for k in ("maxnreg",) if k in kwargs}
+            signature = inspect.signature(self.fn)
+            bound = signature.bind(*args, **kwargs)
+            missing = [n for n, p in signature.parameters.items() if n not in bound.arguments and p.default is p.empty]
+            assert not missing, f"{self.fn.__name__} launched without {missing}"
+            self.calls.append((self.fn.__name__, tuple(grid), dict(bound.arguments), options))
+            return types.SimpleNamespace(run=None)  # a compiled kernel without Triton's launcher
+
+        return launch
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    calls = []
+    for name in KERNELS:
+        monkeypatch.setattr(fg, name, _Recorder(getattr(fg, name), calls))
+    monkeypatch.setattr(fg, "_validate", lambda q, k, v, causal, scale: scale or q.shape[-1] ** -0.5)
+    monkeypatch.setattr(fg, "_PLANS", fg.PlanCache(16))
+    monkeypatch.setattr(fg, "_plan", fg._PLANS.get)
+    return calls
+
+
+def _inputs(shape_q, n_k, transposed):
+    *lead, n_q, d = shape_q
+    make = (lambda n: torch.randn(*lead[:-1], n, lead[-1], d).transpose(-3, -2)) if transposed and len(lead) >= 2 else (
+        lambda n: torch.randn(*lead, n, d))
+    return (make(n_q).to(torch.bfloat16), make(n_k).to(torch.bfloat16), make(n_k).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("shape_q, n_k, causal, transposed", [
+    ((2, 3, 100, 64), 100, True, False),
+    ((1, 2, 300, 128), 77, False, True),
+    ((129, 64), 129, True, False),
+    ((2, 2, 3, 65, 128), 200, False, False),
+])
+def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, shape_q, n_k, causal, transposed):
+    q, k, v = _inputs(shape_q, n_k, transposed)
+    o, lse = fg.flash_forward(q, k, v, causal)
+    assert o.shape == q.shape and lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+    dq, dk, dv = fg.flash_backward(q, k, v, o, lse, torch.randn_like(o), causal)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+
+    d = q.shape[-1]
+    q4 = fg._as_4d(q)
+    bh, n_q = q4.shape[0] * q4.shape[1], q4.shape[2]
+    tables = {"_flash_fwd_kernel": fg.FORWARD_CONFIGS[d], "_flash_bwd_dq_kernel": fg.BACKWARD_DQ_CONFIGS[d],
+              "_flash_bwd_dkdv_kernel": fg.BACKWARD_DKDV_CONFIGS[d]}
+    assert [c[0] for c in launches] == list(KERNELS)
+    for name, grid, args, options in launches:
+        cfg = tables[name]
+        assert (args["BLOCK_M"], args["BLOCK_N"], args["STAGES"], args["HEAD_DIM"]) == (
+            cfg.block_m, cfg.block_n, cfg.stages, d), name
+        assert args["num_warps"] == cfg.num_warps and options == {"maxnreg": cfg.maxnreg}, name
+        assert args["IS_CAUSAL"] is causal and args["n_q"] == n_q and args["n_k"] == n_k, name
+        rows = cfg.block_n if name == "_flash_bwd_dkdv_kernel" else cfg.block_m
+        assert grid[:2] == (bh, triton.cdiv(n_k if name == "_flash_bwd_dkdv_kernel" else n_q, rows)), name
+        for param, tile in DESCRIPTOR_ROWS[name].items():
+            desc = args[param]
+            assert isinstance(desc, TensorDescriptor), f"{name}.{param} is a {type(desc).__name__}"
+            n = n_q if param in ("q_desc", "do_desc") else n_k
+            assert list(desc.shape) == [*q4.shape[:2], n, d], f"{name}.{param} covers {desc.shape}"
+            assert list(desc.block_shape) == [1, 1, args[tile], d], f"{name}.{param} box {desc.block_shape}"
