@@ -80,7 +80,7 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, shape_
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
 
     d = q.shape[-1]
-    q4 = fg._as_4d(q)
+    q4 = fg.as_4d(q)
     bh, n_q = q4.shape[0] * q4.shape[1], q4.shape[2]
     tables = {"_flash_fwd_kernel": fg.FORWARD_CONFIGS[d], "_flash_bwd_dq_kernel": fg.BACKWARD_DQ_CONFIGS[d],
               "_flash_bwd_dkdv_kernel": fg.BACKWARD_DKDV_CONFIGS[d]}

@@ -56,8 +56,11 @@ def test_a_target_offering_nothing_listed_as_known_good_is_refused(tmp_path):
 
     empty = KnownGood("distributed sampler", "conformance.selftests.targets.slow_mean", "offers no sampler",
                       ("conformance/spec/test_sampler.py",))
-    with pytest.raises(AssertionError, match="offers no distributed sampler"):
-        _judge_contract(empty, tmp_path)
+    try:
+        with pytest.raises(AssertionError, match="offers no distributed sampler"):
+            _judge_contract(empty, tmp_path)
+    except pytest.skip.Exception as skip:  # a skip here would hide the refusal
+        pytest.fail(f"a target offering nothing was skipped, not refused: {skip}")
 
 
 def _judge_contract(entry, tmp_path) -> None:

@@ -34,6 +34,9 @@ BUDGET_S = 4.0
 SLACK_S = 3.0  # the last case's end, Hypothesis's own work, a loaded machine
 SETTINGS = dict(max_examples=12, derandomize=True, database=None, deadline=None)
 FIXTURES = "conformance.selftests.targets.slow_mean"
+# The harness's budgets and pools are what is checked, not a device: every pool here is a
+# gloo one (the fixture targets all-reduce CPU tensors, which NCCL refuses under --device cuda).
+DEVICE = "cpu"
 
 
 # --- the law (its case function runs on the ranks) ----------------------------------------
@@ -46,7 +49,7 @@ def mean_on_ranks(ctx: RankContext, target_spec: str, n: int):
 
 def mean_is_right(target_spec: str, case) -> None:
     world, n = case
-    results = run_on_ranks(mean_on_ranks, world, target_spec, n, timeout=60, device="cpu")
+    results = run_on_ranks(mean_on_ranks, world, target_spec, n, timeout=60, device=DEVICE)
     expected = torch.arange(n, dtype=torch.float32) + (world - 1) / 2
     for rank, got in enumerate(results):
         assert torch.equal(got, expected), f"rank {rank}: mean over {world} ranks of arange({n}) + rank is {got.tolist()}"
@@ -64,7 +67,7 @@ def pools_up():
     """Pools of both world sizes up before any clock starts (a first start is not charged
     to a budget anyway; this keeps the timings below about the law alone)."""
     for world in (1, 2):
-        run_on_ranks(mean_on_ranks, world, f"{FIXTURES}:correct", 1, timeout=120, device="cpu")
+        run_on_ranks(mean_on_ranks, world, f"{FIXTURES}:correct", 1, timeout=120, device=DEVICE)
 
 
 def _timed(target: str, **kwargs) -> float:
@@ -110,7 +113,7 @@ def test_a_case_asked_for_once_the_budget_is_spent_is_undecided_at_once():
     with harness.time_budget(0.01, "law x"):
         time.sleep(0.02)
         with pytest.raises(LawBudgetSpent, match="undecided: the law x's time budget of 0.01 s was spent before case"):
-            run_on_ranks(mean_on_ranks, 2, f"{FIXTURES}:correct", 1, timeout=60)
+            run_on_ranks(mean_on_ranks, 2, f"{FIXTURES}:correct", 1, timeout=60, device=DEVICE)
 
 
 def test_a_verdict_ends_the_law_at_once_instead_of_being_shrunk():
@@ -146,10 +149,10 @@ def pid(ctx: RankContext):
 
 def test_ranks_raising_the_same_verdict_seconds_apart_keep_their_pool():
     # rank 1 raises 1.3 s after rank 0, which took 2 s: a fixed one-second grace tore the pool down
-    before = run_on_ranks(pid, 2, timeout=60)
+    before = run_on_ranks(pid, 2, timeout=60, device=DEVICE)
     with pytest.raises(NotOffered):
-        run_on_ranks(not_offered_after_working, 2, [2.0, 3.3], timeout=60)
-    assert run_on_ranks(pid, 2, timeout=60) == before, "the pool was torn down and started again"
+        run_on_ranks(not_offered_after_working, 2, [2.0, 3.3], timeout=60, device=DEVICE)
+    assert run_on_ranks(pid, 2, timeout=60, device=DEVICE) == before, "the pool was torn down and started again"
 
 
 def raise_on_rank_0_while_rank_1_waits(ctx: RankContext):
@@ -160,9 +163,9 @@ def raise_on_rank_0_while_rank_1_waits(ctx: RankContext):
 
 
 def test_a_rank_blocked_in_a_collective_ends_the_wait_for_a_symmetric_failure_early():
-    run_on_ranks(pid, 2, timeout=60)
+    run_on_ranks(pid, 2, timeout=60, device=DEVICE)
     start = time.monotonic()
     with pytest.raises(harness.RankFailure, match="deliberate failure on rank 0"):
-        run_on_ranks(raise_on_rank_0_while_rank_1_waits, 2, timeout=60)
+        run_on_ranks(raise_on_rank_0_while_rank_1_waits, 2, timeout=60, device=DEVICE)
     waited = time.monotonic() - start - 1.5
     assert waited < 1.4, f"the parent waited {waited:.1f} s for rank 1, which sat in a barrier"

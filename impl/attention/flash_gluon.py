@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from impl.attention.host_plans import PlanCache, dense_strides_like, signature
+from impl.attention.host_plans import PlanCache, as_4d, dense_strides_like, signature
 from impl.attention.triton_launch import Launch
 from impl.attention.validation import validate_attention_inputs
 
@@ -557,17 +557,6 @@ def _smem_layout(block: tuple, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
-def _as_4d(t: torch.Tensor) -> torch.Tensor:
-    """(..., N, d) -> (B, H, N, d), a view whenever the strides allow one."""
-    if t.dim() == 2:
-        return t[None, None]
-    if t.dim() == 3:
-        return t[:, None]
-    if t.dim() == 4:
-        return t
-    return t.reshape(-1, *t.shape[-3:])
-
-
 def _tma_ok(t4: torch.Tensor) -> bool:
     """TMA can read this (B, H, N, d) tensor in place: head dim contiguous, base and every
     other stride a positive multiple of 16 bytes."""
@@ -633,13 +622,13 @@ class _ForwardPlan:
     def __init__(self, q, k, v, is_causal, scale, mutant):
         self.scale = _validate(q, k, v, is_causal, scale)
         self.is_causal = bool(is_causal)
-        self.copy = tuple(not _tma_ok(_as_4d(t)) for t in (q, k, v))
-        q4 = _as_4d(q)
+        self.copy = tuple(not _tma_ok(as_4d(t)) for t in (q, k, v))
+        q4 = as_4d(q)
         B, H, n_q, d = q4.shape
         n_k = k.shape[-2]
         self.cfg = cfg = FORWARD_CONFIGS[d]
         self.o_strides = dense_strides_like(q)
-        o4_strides = _as_4d(torch.empty_strided(q.shape, self.o_strides, device="meta")).stride()
+        o4_strides = as_4d(torch.empty_strided(q.shape, self.o_strides, device="meta")).stride()
         self.lse_shape = q.shape[:-1]
         self.launch = _launch(
             _flash_fwd_kernel, (B * H, triton.cdiv(n_q, cfg.block_m)),
@@ -648,7 +637,7 @@ class _ForwardPlan:
                  CONSUMER_REGS=cfg.consumer_regs, MUTANT=mutant), cfg, q.device, (cfg.block_m, cfg.block_n, cfg.block_n))
 
     def __call__(self, q, k, v):
-        q4, k4, v4 = (_as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v), self.copy))
+        q4, k4, v4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v), self.copy))
         cfg = self.cfg
         o = torch.empty_strided(q.shape, self.o_strides, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
@@ -668,13 +657,13 @@ class _BackwardPlan:
                                  f"{tuple(t.shape)} {t.dtype} {t.device}")
         if lse.shape != q.shape[:-1] or lse.dtype != torch.float32 or not lse.is_contiguous():
             raise ValueError(f"attention backward (Gluon): L must be contiguous float32 of shape {tuple(q.shape[:-1])}")
-        self.copy = tuple(not _tma_ok(_as_4d(t)) for t in (q, k, v, grad_o))
-        q4, o4 = _as_4d(q), _as_4d(o)
+        self.copy = tuple(not _tma_ok(as_4d(t)) for t in (q, k, v, grad_o))
+        q4, o4 = as_4d(q), as_4d(o)
         B, H, n_q, d = q4.shape
         n_k = k.shape[-2]
-        do4 = _as_4d(_aligned_copy(grad_o) if self.copy[3] else grad_o)
+        do4 = as_4d(_aligned_copy(grad_o) if self.copy[3] else grad_o)
         self.strides = tuple(dense_strides_like(t) for t in (q, k, v))
-        dq4s, dk4s, dv4s = (_as_4d(torch.empty_strided(t.shape, s, device="meta")).stride()
+        dq4s, dk4s, dv4s = (as_4d(torch.empty_strided(t.shape, s, device="meta")).stride()
                             for t, s in zip((q, k, v), self.strides))
         causal = bool(is_causal)
         cfg = self.dq_cfg = BACKWARD_DQ_CONFIGS[d]
@@ -691,12 +680,12 @@ class _BackwardPlan:
                  CONSUMER_REGS=cfg.consumer_regs), cfg, q.device, (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m))
 
     def __call__(self, q, k, v, o, lse, grad_o):
-        q4, k4, v4, do4 = (_as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v, grad_o), self.copy))
+        q4, k4, v4, do4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v, grad_o), self.copy))
         dq, dk, dv = (torch.empty_strided(t.shape, s, dtype=t.dtype, device=t.device)
                       for t, s in zip((q, k, v), self.strides))
         delta = torch.empty_like(lse)
-        self.dq(q4, do4, k4, v4, _as_4d(o), do4, _as_4d(dq), lse, delta)
-        self.dkdv(k4, v4, q4, do4, _as_4d(dk), _as_4d(dv), lse, delta)
+        self.dq(q4, do4, k4, v4, as_4d(o), do4, as_4d(dq), lse, delta)
+        self.dkdv(k4, v4, q4, do4, as_4d(dk), as_4d(dv), lse, delta)
         return dq, dk, dv
 
 

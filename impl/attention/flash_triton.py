@@ -78,7 +78,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .host_plans import PlanCache, dense_strides_like, signature
+from .host_plans import PlanCache, as_4d, dense_strides_like, signature
 from .triton_launch import Launch
 from .validation import interpreter_enabled, validate_attention_inputs
 
@@ -806,17 +806,6 @@ def _block_d(head_dim: int) -> int:
 # ---------------------------------------------------------------------------------------
 
 
-def _as_4d(t: torch.Tensor) -> torch.Tensor:
-    """(..., N, d) -> (B, H, N, d), a view whenever the strides allow one."""
-    if t.dim() == 2:
-        return t[None, None]
-    if t.dim() == 3:
-        return t[:, None]
-    if t.dim() == 4:
-        return t
-    return t.reshape(-1, *t.shape[-3:])  # merges the outer batch dims; copies only if it must
-
-
 def _dot_settings(dtype: torch.dtype) -> dict:
     return dict(
         DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",  # no tf32 for fp32 inputs
@@ -843,7 +832,7 @@ def _meta_4d_strides(shape, strides=None) -> tuple:
     """Strides of the (B, H, N, d) view of a tensor of ``shape`` (and ``strides``, default
     contiguous): our outputs."""
     t = torch.empty(shape, device="meta") if strides is None else torch.empty_strided(shape, strides, device="meta")
-    return _as_4d(t).stride()
+    return as_4d(t).stride()
 
 
 _dense_strides_like = dense_strides_like
@@ -885,7 +874,7 @@ class _ForwardPlan:
         self.launch = self.combine = None
         if q.numel() == 0:  # an empty batch: nothing to compute
             return
-        q4, k4, v4 = (_as_4d(t) for t in (q, k, v))
+        q4, k4, v4 = (as_4d(t) for t in (q, k, v))
         batch, heads, n_q, _ = q4.shape
         n_k = k4.shape[2]
         n_m_tiles = triton.cdiv(n_q, cfg.block_m)
@@ -914,7 +903,7 @@ class _ForwardPlan:
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         if self.launch is not None:
             if self.to_4d:
-                q, k, v = _as_4d(q), _as_4d(k), _as_4d(v)
+                q, k, v = as_4d(q), as_4d(k), as_4d(v)
             if self.combine is None:
                 self.launch(q, k, v, o, lse, lse, lse)  # lse stands in for the unused split buffers
             else:
@@ -943,7 +932,7 @@ class _BackwardPlan:
         self.grad_strides = tuple(_dense_strides_like(t) for t in (q, k, v))  # each gradient laid out like its input
         if q.numel() == 0:
             return
-        q4, k4, v4, o4, do4 = (_as_4d(t) for t in (q, k, v, o, grad_o))
+        q4, k4, v4, o4, do4 = (as_4d(t) for t in (q, k, v, o, grad_o))
         dq_s, dk_s, dv_s = (_meta_4d_strides(t.shape, st) for t, st in zip((q, k, v), self.grad_strides))
         batch, heads, n_q, _ = q4.shape
         n_k = k4.shape[2]
@@ -993,7 +982,7 @@ class _BackwardPlan:
         if not self.lse_contiguous:
             lse = lse.contiguous()
         if self.to_4d:
-            q, k, v, o, grad_o = (_as_4d(t) for t in (q, k, v, o, grad_o))
+            q, k, v, o, grad_o = (as_4d(t) for t in (q, k, v, o, grad_o))
         if self.atomic_dq:
             pre, dkdv, convert = self.launches
             dq_acc = torch.empty(self.dq_acc_shape, dtype=torch.float32, device=self.device)

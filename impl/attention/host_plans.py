@@ -1,5 +1,5 @@
-"""What the kernels' host paths share: a plan per call signature, and outputs laid out like
-their inputs.
+"""What the kernels' host paths share: a plan per call signature, the (B, H, N, d) view of
+an input, and outputs laid out like their inputs.
 
 A *plan* holds everything a call with inputs of one signature needs besides the inputs
 (checked scale, tiles, launches with their strides fixed), so a repeated call validates
@@ -8,6 +8,18 @@ nothing and binds nothing again (``impl/attention/triton_launch.py``)."""
 from __future__ import annotations
 
 import torch
+
+
+def as_4d(t: torch.Tensor) -> torch.Tensor:
+    """(..., N, d) -> (B, H, N, d), a view whenever the strides allow one (more than four
+    dims: the outer batch dims merged, a copy only if they must be)."""
+    if t.dim() == 2:
+        return t[None, None]
+    if t.dim() == 3:
+        return t[:, None]
+    if t.dim() == 4:
+        return t
+    return t.reshape(-1, *t.shape[-3:])
 
 
 def signature(*tensors) -> tuple:
