@@ -184,6 +184,10 @@ def test_fsdp_model_states_at_rest_are_the_zero3_share(world_size, strategy):
 
 from conformance.accounting import communication as comm  # noqa: E402
 
+# The traffic counts are a property of the calls, not of a device: every pool here is a gloo
+# one (the rank functions build CPU models and tensors, which NCCL refuses under --device cuda).
+TRAFFIC_DEVICE = "cpu"
+
 
 def rank_step_traffic(ctx, wrapper: str, strategy: str | None = None):
     """One training step of the FSDP laws' model under impl's ``wrapper``: the calls made
@@ -250,12 +254,12 @@ def test_fsdp_step_sends_what_the_zero_formulas_say(world_size, strategy, stage)
     the padded units plus the all-reduce of the unsharded gains."""
     from conformance.harness import require_world_size, run_on_ranks
 
-    require_world_size(world_size)
+    require_world_size(world_size, TRAFFIC_DEVICE)
     units, replicated, _ = _model_numels()
     expected = comm.fsdp_step(units, replicated, world_size, strategy)
     psi = 4 * sum(comm.padded(n, world_size) for n in units) if stage else 4 * sum(units)
     gains = comm.wire_bytes("all_reduce", 4 * sum(replicated), world_size)
-    for rank, res in enumerate(run_on_ranks(rank_step_traffic, world_size, "fsdp", strategy, timeout=180)):
+    for rank, res in enumerate(run_on_ranks(rank_step_traffic, world_size, "fsdp", strategy, timeout=180, device=TRAFFIC_DEVICE)):
         counts, payload = _traffic(res["events"])
         assert (counts, payload) == (expected.counts, expected.payload), f"rank {rank}: {res['events']}"
         assert expected.wire(world_size) == pytest.approx(comm.zero_step_wire(psi, world_size, stage) + gains)
@@ -269,9 +273,9 @@ def test_ddp_step_all_reduces_every_gradient_once(wrapper):
     a parameter)."""
     from conformance.harness import require_world_size, run_on_ranks
 
-    require_world_size(2)
+    require_world_size(2, TRAFFIC_DEVICE)
     _, _, numels = _model_numels()
-    for rank, res in enumerate(run_on_ranks(rank_step_traffic, 2, wrapper, timeout=180)):
+    for rank, res in enumerate(run_on_ranks(rank_step_traffic, 2, wrapper, timeout=180, device=TRAFFIC_DEVICE)):
         expected = comm.ddp_step(numels, 4, buckets=res["buckets"], presence_flags=True)
         counts, payload = _traffic(res["events"])
         assert (counts, payload) == (expected.counts, expected.payload), f"rank {rank}: {res['events']}"
@@ -286,11 +290,11 @@ def test_zero1_step_adds_one_all_gather_of_every_parameter(world_size):
     so at least 3 (W - 1) / W x Psi on the wire."""
     from conformance.harness import require_world_size, run_on_ranks
 
-    require_world_size(world_size)
+    require_world_size(world_size, TRAFFIC_DEVICE)
     _, _, numels = _model_numels()
     ddp = comm.ddp_step(numels, 4, presence_flags=True)
     lo, hi = comm.zero1_allgather_payload_bounds([4 * n for n in numels], world_size)
-    for rank, res in enumerate(run_on_ranks(rank_step_traffic, world_size, "ddp_sharded", timeout=180)):
+    for rank, res in enumerate(run_on_ranks(rank_step_traffic, world_size, "ddp_sharded", timeout=180, device=TRAFFIC_DEVICE)):
         counts, payload = _traffic(res["events"])
         assert counts == {**ddp.counts, "all_gather": 1}, f"rank {rank}: {res['events']}"
         assert payload["all_reduce"] == ddp.payload["all_reduce"], f"rank {rank}: {res['events']}"
@@ -324,9 +328,9 @@ def test_tensor_parallel_block_all_reduces_four_activations_per_step(world_size)
     column-parallel inputs), whatever W."""
     from conformance.harness import require_world_size, run_on_ranks
 
-    require_world_size(world_size)
+    require_world_size(world_size, TRAFFIC_DEVICE)
     batch, seq = 2, 5
-    for rank, res in enumerate(run_on_ranks(rank_tensor_parallel_block_traffic, world_size, batch, seq, timeout=120)):
+    for rank, res in enumerate(run_on_ranks(rank_tensor_parallel_block_traffic, world_size, batch, seq, timeout=120, device=TRAFFIC_DEVICE)):
         expected = comm.tensor_parallel_block(batch * seq, res["width"], 4)
         counts, payload = _traffic(res["forward"] + res["backward"])
         assert (counts, payload) == (expected.counts, expected.payload), f"rank {rank}: {res}"
@@ -357,9 +361,9 @@ def test_pipeline_stage_sends_one_activation_and_one_gradient_per_microbatch(wor
     header and the tensor), for either schedule."""
     from conformance.harness import require_world_size, run_on_ranks
 
-    require_world_size(world_size)
+    require_world_size(world_size, TRAFFIC_DEVICE)
     micro_rows = 8 // n_microbatches
-    for rank, res in enumerate(run_on_ranks(rank_pipeline_traffic, world_size, n_microbatches, schedule, timeout=120)):
+    for rank, res in enumerate(run_on_ranks(rank_pipeline_traffic, world_size, n_microbatches, schedule, timeout=120, device=TRAFFIC_DEVICE)):
         sends = [b for name, b in res["events"] if name in ("send", "isend")]
         expected = comm.pipeline_stage_messages(rank, world_size, n_microbatches, 4 * micro_rows * 6)
         assert (len(sends), sum(sends)) == expected, f"rank {rank}: {res['events']}"
@@ -386,8 +390,8 @@ def test_ring_attention_passes_kv_w_minus_one_times_and_the_accumulator_w_times(
     the dK/dV accumulator (float32) that ends on its owner."""
     from conformance.harness import require_world_size, run_on_ranks
 
-    require_world_size(world_size)
-    for rank, res in enumerate(run_on_ranks(rank_ring_attention_traffic, world_size, 2, 3, 4, timeout=120)):
+    require_world_size(world_size, TRAFFIC_DEVICE)
+    for rank, res in enumerate(run_on_ranks(rank_ring_attention_traffic, world_size, 2, 3, 4, timeout=120, device=TRAFFIC_DEVICE)):
         fwd = [b for name, b in res["forward"] if name in ("send", "isend")]
         bwd = [b for name, b in res["backward"] if name in ("send", "isend")]
         expected = comm.ring_attention_sends(world_size, res["kv_bytes"], res["kv_bytes"])

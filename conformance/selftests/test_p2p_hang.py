@@ -94,7 +94,8 @@ def test_a_blocking_recv_is_recorded_once_though_it_calls_irecv():
     from conformance.harness import require_world_size, run_on_ranks
 
     pytest.importorskip("torch.distributed")
-    require_world_size(2)
-    sender, receiver = run_on_ranks(rank_blocking_exchange, 2, timeout=120)
+    require_world_size(2, "cpu")
+    # CPU tensors: a gloo pool whatever --device says (NCCL refuses them)
+    sender, receiver = run_on_ranks(rank_blocking_exchange, 2, timeout=120, device="cpu")
     assert sender == [[("send", 1, False)]] and receiver == [[("recv", 0, False)]], (sender, receiver)
     assert first_hang({0: [(send(1),)], 1: [(recv(0),)]}) is None

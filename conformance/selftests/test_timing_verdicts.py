@@ -1,6 +1,8 @@
-"""A Gluon run's child process is killed as hung only for time it spends running, not
-compiling: a cold Triton cache on a loaded machine must not read as a hang, and a kernel
-that never finishes must still be caught (``conformance.laws.attention.rejection``)."""
+"""Verdicts of mutant and control runs that timing must not decide.  A Gluon run's child
+process is killed as hung only for time it spends running, not compiling: a cold Triton
+cache on a loaded machine must not read as a hang, and a kernel that never finishes must
+still be caught (``conformance.laws.attention.rejection``).  A failure Hypothesis could not
+replay (a race) is still a rejection (``conformance.lawbook.first_failure_line``)."""
 
 from __future__ import annotations
 
@@ -51,3 +53,16 @@ def test_the_child_program_is_valid_python_with_the_compile_hooks():
     code = rejection._CHILD.format(law="some_law", target="impl", examples=3, flavour="gluon")
     compile(code, "<child>", "exec")
     assert "jit_cache_hook" in code and "jit_post_compile_hook" in code
+
+
+def test_a_failure_hypothesis_could_not_replay_is_still_a_rejection():
+    # A race (a reduction not waited on) fails one run and passes the replay: Hypothesis raises
+    # FlakyFailure, which is the law finding the target wrong, not the target passing.
+    from hypothesis.errors import FlakyFailure
+
+    from conformance.lawbook import first_failure_line
+
+    def racy():
+        raise FlakyFailure("Hypothesis failed to reproduce", [AssertionError("rank 0 w: |err| = 1e-3\nmore")])
+
+    assert first_failure_line(racy) == "flaky: rank 0 w: |err| = 1e-3"
