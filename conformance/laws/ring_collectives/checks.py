@@ -24,7 +24,10 @@ from conformance.laws.ring_collectives.strategies import DTYPES, OPS, RingCase
 from conformance.target import load_target
 from conformance.verdicts import NotApplicable
 
-TIMEOUT_S = 30
+# A case's first point-to-point call on a new subgroup starts its NCCL communicators: on four
+# GPUs under 16 workers that ran past 30 s (the same two subgroup cases take 19 s alone);
+# the harness's default, as the other capabilities' cases have.
+TIMEOUT_S = 60
 # The target attribute (a one-line reason) by which collectives say they are not point-to-point rings.
 NOT_POINT_TO_POINT = "RING_COLLECTIVES_NOT_POINT_TO_POINT"
 
