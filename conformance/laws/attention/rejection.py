@@ -52,7 +52,6 @@ HANG_LIMIT_S = float(os.environ.get("SUITE_HANG_LIMIT_S", 150))
 COMPILE_ALLOWANCE_S = 900.0  # compiling past this much in one run is reported as a hang too
 
 _CHILD = """
-import sys
 from hypothesis import settings
 settings.register_profile('child', deadline=None)
 settings.load_profile('child')
