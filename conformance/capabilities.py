@@ -131,12 +131,15 @@ TIERS: dict[str, Callable[[Check], tuple[str, str]]] = {
         test_gradient_accumulation_over_two_steps_matches_one_dense_step="gradient accumulation",
         test_afab_and_1f1b_agree_to_the_bit_at_2_ranks="AFAB and 1F1B bit-identical",
         test_point_to_point_calls_cannot_hang_on_nccl="NCCL-safe exchanges",  # an extra, as the law is
+        test_point_to_point_calls_over_a_group_of_other_ranks_cannot_hang_on_nccl="NCCL-safe exchanges on a group of other ranks",
     ),
     "properties.test_pipeline": contract_except(
         test_gradients_accumulated_over_pipeline_steps_equal_one_step_on_the_whole_batch="gradient accumulation",
         test_gpt_cut_into_stages_matches_the_dense_gpt_with_ignored_targets="GPT stages with ignored targets",
         test_float64_stages_send_float64_and_match_the_dense_model_to_float64_precision="float64 stages",
         test_a_steps_point_to_point_calls_would_complete_under_nccls_rules="NCCL-safe exchanges",
+        test_a_pipeline_over_a_group_of_other_ranks_makes_point_to_point_calls_that_complete_under_nccls_rules=(
+            "NCCL-safe exchanges on a group of other ranks"),
         test_afab_and_1f1b_gradients_agree_to_the_bit_where_their_backward_orders_agree="AFAB and 1F1B bit-identical",
     ),
 }

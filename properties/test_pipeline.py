@@ -77,6 +77,11 @@ def test_a_steps_point_to_point_calls_would_complete_under_nccls_rules(target, d
     check_law(_law("point_to_point_calls_cannot_hang_on_nccl"), target.spec, device, max_examples=examples(6))
 
 
+def test_a_pipeline_over_a_group_of_other_ranks_makes_point_to_point_calls_that_complete_under_nccls_rules(target, device):
+    check_law(_law("point_to_point_calls_over_a_group_of_other_ranks_cannot_hang_on_nccl"), target.spec, device,
+              max_examples=examples(4))
+
+
 # --- our implementation's own properties -------------------------------------------------
 
 

@@ -201,6 +201,21 @@ def get_pipeline_schedule(name, n_stages, n_microbatches):
     return schedule(name, n_stages, n_microbatches)
 
 
+def _one_group_on_subgroups_step(stage_module, schedule, inputs, targets, loss_fn, n_microbatches, group=None, normalizer=None):
+    """impl's executor over the world (two channel groups); over any other group, the
+    executor copy above on that one group (the second group can only be made by every
+    rank of the world, so this design gives up on it there)."""
+    from impl.pipeline import pipeline_train_step
+
+    if group is None or dist.get_world_size(group) == dist.get_world_size():
+        return pipeline_train_step(stage_module, schedule, inputs, targets, loss_fn, n_microbatches, group=group,
+                                   normalizer=normalizer)
+    return one_group_for_both_directions.pipeline_train_step(stage_module, schedule, inputs, targets, loss_fn,
+                                                             n_microbatches, group=group, normalizer=normalizer)
+
+
+one_group_on_a_group_of_other_ranks = SimpleNamespace(get_pipeline_schedule=get_pipeline_schedule,
+                                                      pipeline_train_step=_one_group_on_subgroups_step)
 peers_addressed_by_group_rank = SimpleNamespace(get_pipeline_schedule=get_pipeline_schedule,
                                                 pipeline_train_step=_peers_by_group_rank_step)
 
@@ -224,6 +239,11 @@ MUTANTS = (
     Mutant("one_group_for_both_directions", CAPABILITY,
            "activations and gradients sent on one process group: 1F1B's steady state deadlocks on NCCL",
            ("point_to_point_calls_cannot_hang_on_nccl",), _M + "one_group_for_both_directions"),
+    Mutant("one_group_on_a_group_of_other_ranks", CAPABILITY,
+           "two channel groups over the world, but one group for both directions on a handed group of other ranks: "
+           "1F1B's steady state deadlocks there on NCCL",
+           ("point_to_point_calls_over_a_group_of_other_ranks_cannot_hang_on_nccl",),
+           _M + "one_group_on_a_group_of_other_ranks"),
     Mutant("loss_scaled_twice", CAPABILITY, "each micro-batch loss divided by the global count and again by m",
            (PARITY,), _M + "loss_scaled_twice"),
     Mutant("keeps_last_activations_only", CAPABILITY, "a stage keeps only its last micro-batch's activations for backward",

@@ -102,6 +102,12 @@ def test_stages_on_a_group_of_other_ranks_match_the_dense_model(key, target):
     checks.check_parity(target.spec, case)
 
 
+def test_point_to_point_calls_over_a_group_of_other_ranks_cannot_hang_on_nccl(target):
+    case = PipelineCase(3, "mlp", 3, 4, 6, 3, seed=27, members=(1, 2))
+    require_world_size(case.world_size)
+    checks.check_no_nccl_hang(target.spec, case)
+
+
 def test_afab_and_1f1b_agree_to_the_bit_at_2_ranks(target):
     checks.check_schedules_agree_to_the_bit(target.spec, PipelineCase(2, "mlp", 4, 4, 7, 3, seed=26))
 

@@ -29,10 +29,12 @@ Contract
     ranks on one stream, where a send may wait for its receive: 1F1B's steady state
     (stage s sends an activation, then waits for a gradient that stage s + 1 sends
     before it receives that activation) would deadlock.  So activations and gradients
-    travel on two process groups of their own (created once, on first use, for a
-    pipeline over the world; made by ``impl.mesh`` for a mesh's pipelines, which are
-    subgroups; see ``_channels``), each carrying one direction per pair of neighbours in the order both
-    sides issue it (micro-batch order).  A stage keeps, per micro-batch in flight, its input and its output (the
+    travel on two different process groups (see ``_channels``): for a pipeline over the
+    world, two groups of its ranks created once, on first use; for a mesh's pipelines,
+    the two ``impl.mesh`` registers; for a pipeline over any other subgroup, the subgroup
+    itself (activations) and the world group (gradients), since making new groups is
+    collective over ranks that are not in the pipeline.  Each channel carries one
+    direction per pair of neighbours in the order both sides issue it (micro-batch order).  A stage keeps, per micro-batch in flight, its input and its output (the
     autograd graph between them) until that micro-batch's backward; at most
     ``max_in_flight`` of them at once (recorded on the returned ``StepStats`` of
     ``run_actions``).
@@ -76,22 +78,25 @@ def _channel_key(group) -> tuple:
 
 def register_channels(group, activations, gradients) -> None:
     """Use ``activations`` and ``gradients`` (process groups over ``group``'s ranks) as the
-    two channels of a pipeline over ``group``.  For a pipeline over a subgroup of the
-    world: ``new_group`` is collective over the whole world, so the ranks outside this
-    pipeline must create the same groups in the same order, which only a caller that sees
-    every pipeline of the world can arrange (``impl.mesh`` does, for its pp dimension)."""
+    two channels of a pipeline over ``group``.  Optional: without them a pipeline over a
+    subgroup uses the subgroup and the world group.  Groups made for it must be made by
+    every rank of the world in the same order (``new_group`` is collective over the
+    world), which only a caller that sees every pipeline can arrange (``impl.mesh`` does,
+    for its pp dimension)."""
     _CHANNELS[_channel_key(group)] = (activations, gradients)
 
 
 def _channels(group):
-    """(activation group, gradient group): two process groups over the group's ranks.
+    """(activation group, gradient group): two different process groups that both hold the
+    pipeline's ranks, so the two directions never share an NCCL communicator's stream.
 
-    Registered ones first (``register_channels``).  A pipeline over the whole world gets
-    them on every backend (NCCL needs them, see the module docstring; on gloo they keep
-    the calls the same, so CPU ranks check the calls GPUs make), made once by every rank.
-    A pipeline over a subgroup with none registered cannot make them here without the
-    other ranks of the world: on gloo it keeps its one group; on NCCL, where one group
-    would deadlock 1F1B, it is a clear error rather than a hang."""
+    Registered ones first (``register_channels``).  A pipeline over the whole world makes
+    two groups of its ranks, once, on every rank.  A pipeline over a subgroup cannot make
+    groups here (``new_group`` is collective over the whole world, whose other ranks are
+    not calling us), but two groups holding its ranks already exist: the subgroup and the
+    world.  Point-to-point calls on the world group between two ranks involve only those
+    two (NCCL sets up a pair's communicator from the two of them, or uses the world's own).
+    The same choice is made on every backend, so CPU ranks check the calls GPUs make."""
     if not (dist.is_available() and dist.is_initialized()):
         return group, group
     key = _channel_key(group)
@@ -99,12 +104,7 @@ def _channels(group):
         return _CHANNELS[key]
     whole_world = group is None or dist.get_world_size(group) == dist.get_world_size()
     if not whole_world:
-        if dist.get_backend(group) != "nccl":
-            return group, group
-        raise RuntimeError(
-            f"a pipeline over the subgroup {list(key[1])} of a {dist.get_world_size()}-rank world on NCCL needs two "
-            "channel groups made by every rank of the world: build its groups with impl.mesh.get_parallel_mesh, or "
-            "create them on every rank and pass them to impl.pipeline.executor.register_channels")
+        return group, dist.group.WORLD
     _CHANNELS[key] = (dist.new_group(list(key[1])), dist.new_group(list(key[1])))
     return _CHANNELS[key]
 

@@ -261,5 +261,5 @@ def check_no_nccl_hang(subject, case, names=("afab", "1f1b"), device=None) -> No
                            device=device)
     for name in names:
         why = first_hang({r: per_rank[name] for r, per_rank in enumerate(results)})
-        assert why is None, f"{name} W={case.world_size} m={case.n_microbatches}: {why}"
+        assert why is None, f"{name} {_where(case)} m={case.n_microbatches}: {why}"
 

@@ -56,6 +56,15 @@ def _subgroup(subject, case):
     checks.check_parity(subject, case)
 
 
+def _subgroup_hang(subject, case):
+    """A pipeline over a group of ranks that are not 0..p-1: its point-to-point calls, played
+    under NCCL's rules, complete under AFAB and 1F1B."""
+    if case.world_size < 3:
+        raise NeedsHardware("needs 3 ranks: a group whose group ranks differ from its members' global ranks "
+                            "leaves out a rank of the world")
+    checks.check_no_nccl_hang(subject, case)
+
+
 def _accumulation(subject, case):
     """Gradients accumulated over several pipeline steps, each normalised by the global
     count, equal one dense step on the whole batch."""
@@ -102,6 +111,11 @@ LAWS = (
         cases=lambda device=None: pipeline_cases(device, max_microbatches=4, min_world_size=2, min_microbatches=2),
         check=lambda subject, case: checks.check_no_nccl_hang(subject, case), needs=("ranks",),
         extra="NCCL-safe exchanges"),
+    Law("point_to_point_calls_over_a_group_of_other_ranks_cannot_hang_on_nccl", CAPABILITY, API,
+        # the ranks outside the group cannot help make groups for it: a design that opens a
+        # second group on the world only, or keeps one group on subgroups, shows here
+        cases=lambda device=None: subgroup_pipeline_cases(device, min_microbatches=2), check=_subgroup_hang,
+        needs=("3 ranks",), extra="NCCL-safe exchanges on a group of other ranks"),
 )
 LAWS_BY_NAME = by_name(LAWS)
 DISTRIBUTED = {law.name for law in LAWS if law.needs}

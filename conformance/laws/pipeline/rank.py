@@ -65,18 +65,21 @@ def rank_pipeline_grads(ctx, target_spec: str, case, schedule_names=("afab", "1f
 
 def rank_pipeline_units(ctx, target_spec: str, case, schedule_names=("afab", "1f1b")):
     """Per schedule: this rank's point-to-point calls in one pipeline step, as NCCL would
-    run them (``conformance.laws.p2p_hang``: one unit per unbatched call or batch)."""
+    run them (``conformance.laws.p2p_hang``: one unit per unbatched call or batch); none
+    on a rank outside the case's group."""
+    stage_index, group = _stage_of(ctx, case)
+    if stage_index is None:
+        return {name: [] for name in schedule_names}
     target = load_target(target_spec)
     step = target.factory("pipeline_train_step")
-    start, stop = stage_bounds(case.n_layers, ctx.world_size)[ctx.rank]
-    first, last = ctx.rank == 0, ctx.rank == ctx.world_size - 1
+    start, stop = stage_bounds(case.n_layers, case.n_stages)[stage_index]
+    first, last = stage_index == 0, stage_index == case.n_stages - 1
     units = {}
     for name in schedule_names:
         layers, inputs, targets, loss_fn, count = models.build(case, getattr(torch, case.dtype), ctx.device)
         stage = nn.Sequential(*layers[start:stop])
         with P2PLog() as probe:
             step(stage, name, inputs if first else None, targets if last else None, loss_fn, case.n_microbatches,
-                 normalizer=count)
+                 normalizer=count, **group)
         units[name] = probe.units
     return units
-

@@ -91,7 +91,7 @@ def pipeline_cases(draw, device, model: str = "mlp", max_microbatches: int = 6, 
 
 
 @st.composite
-def subgroup_pipeline_cases(draw, device, max_microbatches: int = 4):
+def subgroup_pipeline_cases(draw, device, max_microbatches: int = 4, min_microbatches: int = 1):
     """A pipeline over some ranks of a world of 3 or 4 (2 to W - 1 of them, not ranks
     0..k-1, so that some group rank is not the global rank): ranks 1 and 2 of 3, 0, 2 and 3
     of 4, ...  The pinned world size if set (fewer than 3: the law needs 3 ranks)."""
@@ -102,7 +102,7 @@ def subgroup_pipeline_cases(draw, device, max_microbatches: int = 4):
         members = draw(st.sets(st.integers(0, world - 1), min_size=2, max_size=world - 1).map(lambda s: tuple(sorted(s)))
                        .filter(lambda m: m != tuple(range(len(m)))))
     k = len(members) or world
-    m = draw(st.integers(1, max_microbatches))
+    m = draw(st.integers(min_microbatches, max_microbatches))
     return PipelineCase(world_size=world, model="mlp", n_layers=k + draw(st.integers(0, 2)), width=draw(st.integers(2, 5)),
                         batch=m + draw(st.integers(0, 3)), n_microbatches=m, seed=draw(st.integers(0, 2**20)),
                         members=members)
