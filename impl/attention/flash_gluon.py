@@ -98,6 +98,16 @@ def hopper_reason(device: torch.device | None = None) -> str | None:
 # ---------------------------------------------------------------------------------------
 
 if GLUON_IMPORT_ERROR is None:
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental.gluon.language._core import builtin as _builtin
+
+    @_builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """global[tile at coord] += src (shared memory), one bulk TMA reduction done in L2
+        (cp.reduce.async.bulk.tensor): Gluon 3.6's builder has the op, its tma module no
+        wrapper.  Completion is awaited like a TMA store's (``tma.store_wait``)."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
     @gluon.constexpr_function
     def _mma_layout(n, num_warps):
@@ -410,10 +420,12 @@ if GLUON_IMPORT_ERROR is None:
     def _bwd_dkdv_consumer(k_tile, v_tile, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                            dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k, n_tiles,
                            qk_scale, sm_scale, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                           row0,
+                           row0, ds_smem, dq_smem, dqacc_desc,
                            IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-        """One warpgroup's BLOCK_N keys from key_start (half of the program's)."""
+                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, FUSE_DQ: gl.constexpr):
+        """One warpgroup's BLOCK_N keys from key_start (half of the program's).  FUSE_DQ: also
+        dQ_i += dS_i K (this warpgroup's keys), staged through ds_smem (dS^T) and dq_smem and
+        added into the float32 dQ of dqacc_desc by a TMA reduction (five products a tile)."""
         # Transposed scores: rows are this warpgroup's keys, columns a tile of queries.
         st_layout: gl.constexpr = _mma_layout(BLOCK_M, 4)
         kv_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
@@ -425,6 +437,8 @@ if GLUON_IMPORT_ERROR is None:
         st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+        if FUSE_DQ:
+            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, kv_layout)
         mbarrier.wait(fixed_bar, 0)
         for i in range(n_tiles):
             slot = i % STAGES
@@ -449,11 +463,28 @@ if GLUON_IMPORT_ERROR is None:
             dst = (pt * (dpt - delta[None, :])).to(dtype)
             pt_op = gl.convert_layout(pt.to(dtype), op_layout)
             dst_op = gl.convert_layout(dst, op_layout)
+            if FUSE_DQ:  # dS^T to shared memory: dQ's product reads it transposed (A = dS)
+                ds_smem.store(dst)
+                fence_async_shared()
+                gl.thread_barrier()
             dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
             dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
-            dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, pt_op, dst_op))
+            if FUSE_DQ:
+                dq = warpgroup_mma(ds_smem.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
+                dv, dk, dq, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, pt_op, dst_op))
+            else:
+                dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, pt_op, dst_op))
             _release(do_empty, slot)
             _release(q_empty, slot)
+            if FUSE_DQ:
+                tma.store_wait(0)  # the previous tile's reduction has read dq_smem (issuing thread)
+                gl.thread_barrier()  # ... and every thread knows it
+                dq_smem.reshape([BLOCK_M, HEAD_DIM]).store(dq)
+                fence_async_shared()
+                gl.thread_barrier()
+                _tma_reduce_add(dqacc_desc, [b_i, h_i, q_start, 0], dq_smem)
+        if FUSE_DQ:
+            tma.store_wait(0)
         rows = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
         in_rows = (rows < n_k)[:, None]
@@ -463,13 +494,14 @@ if GLUON_IMPORT_ERROR is None:
                  dv.to(dtype), mask=in_rows)
 
     @gluon.jit
-    def _flash_bwd_dkdv_kernel(k_desc, v_desc, q_desc, do_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
+    def _flash_bwd_dkdv_kernel(k_desc, v_desc, q_desc, do_desc, dqacc_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
                                H, n_q, n_k, qk_scale, sm_scale,
                                stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                                IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                               num_warps: gl.constexpr):
+                               FUSE_DQ: gl.constexpr, num_warps: gl.constexpr):
         # Two consumer warpgroups of BLOCK_N // 2 keys each over the same query tiles.
+        # FUSE_DQ: each also adds its dS K into the float32 dQ (dqacc_desc; unread otherwise).
         KEYS: gl.constexpr = BLOCK_N // 2
         bh = gl.program_id(0)
         b_i = bh // H
@@ -503,19 +535,26 @@ if GLUON_IMPORT_ERROR is None:
 
         k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
         v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+        if FUSE_DQ:  # per consumer: its dS^T tile, and its dQ partial on the way to the reduction
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], dtype)
+            ds_smem = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], ds_layout)
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dqacc_desc.block_type.shape, dqacc_desc.layout)
+            ds_0, ds_1, dq_0, dq_1 = ds_smem.index(0), ds_smem.index(1), dq_smem.index(0), dq_smem.index(1)
+        else:
+            ds_0, ds_1, dq_0, dq_1 = None, None, None, None
         gl.warp_specialize([
             (_bwd_dkdv_consumer, (k_tile.slice(0, KEYS), v_tile.slice(0, KEYS), fixed_bar,
                                   q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                                   dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k,
                                   n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
-                                  stride_vb, stride_vh, stride_vn, bh * n_q,
-                                  IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES)),
+                                  stride_vb, stride_vh, stride_vn, bh * n_q, ds_0, dq_0, dqacc_desc,
+                                  IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ)),
             (_bwd_dkdv_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), fixed_bar,
                                   q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                                   dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start + KEYS, first_tile, n_q,
                                   n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
-                                  stride_vb, stride_vh, stride_vn, bh * n_q,
-                                  IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES)),
+                                  stride_vb, stride_vh, stride_vn, bh * n_q, ds_1, dq_1, dqacc_desc,
+                                  IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ)),
             (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                           b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
@@ -547,14 +586,19 @@ class GluonConfig:
 FORWARD_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 128, 2)}
 BACKWARD_DQ_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 64, 2)}
 BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
+# The five-product backward (dQ added by TMA reductions): untuned, the dK/dV kernel's tiles.
+BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3)}
 
 # Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
 MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3}
 
 
+_GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
 @functools.lru_cache(maxsize=None)
 def _smem_layout(block: tuple, dtype: torch.dtype):
-    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+    return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, _GL_DTYPES[dtype]))
 
 
 def _tma_ok(t4: torch.Tensor) -> bool:
@@ -646,8 +690,14 @@ class _ForwardPlan:
 
 
 class _BackwardPlan:
-    """A backward over tensors of one signature (q, k, v, O, L, dO): the dQ kernel (which
-    stores D) then the dK/dV kernel, both launches fixed."""
+    """A backward over tensors of one signature (q, k, v, O, L, dO), its launches fixed.
+
+    Five products (head dims in BACKWARD_FUSED_CONFIGS, unless torch's deterministic
+    algorithms are on): D and a zeroed float32 dQ (the Triton flavour's preprocess kernel),
+    the dK/dV kernel adding each tile's dS K into dQ by TMA reductions (their order varies:
+    dQ may differ in its last bits between calls), dQ scaled and cast (the Triton flavour's
+    convert kernel).  Otherwise seven, deterministic: the dQ kernel (which stores D) then
+    the dK/dV kernel."""
 
     def __init__(self, q, k, v, o, lse, grad_o, is_causal, scale):
         self.scale = _validate(q, k, v, is_causal, scale)
@@ -666,6 +716,27 @@ class _BackwardPlan:
         dq4s, dk4s, dv4s = (as_4d(torch.empty_strided(t.shape, s, device="meta")).stride()
                             for t, s in zip((q, k, v), self.strides))
         causal = bool(is_causal)
+        self.fused = d in BACKWARD_FUSED_CONFIGS and not torch.are_deterministic_algorithms_enabled()
+        if self.fused:
+            from impl.attention.flash_triton import (_flash_bwd_dq_convert_kernel, _flash_bwd_preprocess_kernel,
+                                                     _options)
+
+            cfg = self.dkdv_cfg = BACKWARD_FUSED_CONFIGS[d]
+            rows, dev = 64, q.device
+            n_p = triton.cdiv(n_q, rows)
+            small = dict(HEAD_DIM=d, BLOCK_D=d, BLOCK_M=rows)
+            self.pre = Launch(_flash_bwd_preprocess_kernel, (n_p * B * H,), (*o4.stride(), *do4.stride(), H, n_q, n_p),
+                              small, _options(dev, 4, 1), dev)
+            self.convert = Launch(_flash_bwd_dq_convert_kernel, (n_p * B * H,), (*dq4s, H, n_q, n_p, self.scale),
+                                  small, _options(dev, 4, 1), dev)
+            self.dq_acc_shape = (B, H, n_q, d)
+            self.dkdv = _launch(
+                _flash_bwd_dkdv_kernel, (B * H, triton.cdiv(n_k, cfg.block_n)),
+                (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
+                dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
+                     CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=True), cfg, dev,
+                (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
+            return
         cfg = self.dq_cfg = BACKWARD_DQ_CONFIGS[d]
         self.dq = _launch(
             _flash_bwd_dq_kernel, (B * H, triton.cdiv(n_q, cfg.block_m)),
@@ -677,15 +748,22 @@ class _BackwardPlan:
             _flash_bwd_dkdv_kernel, (B * H, triton.cdiv(n_k, cfg.block_n)),
             (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
             dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
-                 CONSUMER_REGS=cfg.consumer_regs), cfg, q.device, (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m))
+                 CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=False), cfg, q.device,
+            (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
 
     def __call__(self, q, k, v, o, lse, grad_o):
         q4, k4, v4, do4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v, grad_o), self.copy))
         dq, dk, dv = (torch.empty_strided(t.shape, s, dtype=t.dtype, device=t.device)
                       for t, s in zip((q, k, v), self.strides))
         delta = torch.empty_like(lse)
+        if self.fused:
+            dq_acc = torch.empty(self.dq_acc_shape, dtype=torch.float32, device=q.device)
+            self.pre(as_4d(o), do4, delta, dq_acc)
+            self.dkdv(k4, v4, q4, do4, dq_acc, as_4d(dk), as_4d(dv), lse, delta)
+            self.convert(dq_acc, as_4d(dq))
+            return dq, dk, dv
         self.dq(q4, do4, k4, v4, as_4d(o), do4, as_4d(dq), lse, delta)
-        self.dkdv(k4, v4, q4, do4, as_4d(dk), as_4d(dv), lse, delta)
+        self.dkdv(k4, v4, q4, do4, q4, as_4d(dk), as_4d(dv), lse, delta)  # q4 stands in for the unread dQ
         return dq, dk, dv
 
 
@@ -698,7 +776,7 @@ def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None, 
 
 def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: float | None = None):
     """dQ, dK, dV of attention(q, k, v) given O, L and dO."""
-    key = _key("bwd", (q, k, v, o, lse, grad_o), is_causal, scale)
+    key = _key("bwd", (q, k, v, o, lse, grad_o), is_causal, scale, torch.are_deterministic_algorithms_enabled())
     build = lambda: _BackwardPlan(q, k, v, o, lse, grad_o, is_causal, scale)  # noqa: E731
     return (build() if key is None else _plan(key, build))(q, k, v, o, lse, grad_o)
 
