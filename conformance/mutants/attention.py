@@ -351,7 +351,12 @@ GLUON_SPECS = (
      "impl's Gluon forward does not rescale the running output by exp(m_old - m_new) when the row maximum moves "
      "between key tiles"),
 )
-for _name, _ in GLUON_SPECS:
+GLUON_BACKWARD_SPECS = (
+    ("last_dq_partial_never_added",
+     "impl's Gluon backward (five products, d 64) stages each tile's dS K partial under the next tile's products "
+     "and never adds the last tile's: the last query tile a key tile sees loses that key tile's share of dQ"),
+)
+for _name, _ in GLUON_SPECS + GLUON_BACKWARD_SPECS:
     globals()[_name] = _gluon_mutant(_name)
 
 MUTANTS = tuple(
@@ -359,6 +364,9 @@ MUTANTS = tuple(
 ) + tuple(
     Mutant(name, "attention", bug, ("forward_matches_float64_reference", "contract_forward_matches_float64_reference"),
            target=f"{__name__}:{name}", flavour="gluon") for name, bug in GLUON_SPECS
+) + tuple(
+    Mutant(name, "attention", bug, ("gradients_match_float64_reference", "contract_gradients_match_float64_reference"),
+           target=f"{__name__}:{name}", flavour="gluon") for name, bug in GLUON_BACKWARD_SPECS
 ) + (
     Mutant("plan_key_without_strides", "attention",
            "impl's Triton launch plans keyed without the inputs' strides: another layout of the same shapes reuses stale strides",

@@ -32,11 +32,16 @@ Schedule
     tile j a consumer issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, both asynchronous;
     waits for S_j alone, frees K_j's slot, runs the softmax of tile j while the P V product
     is in flight, then waits for it, frees V's slot and rescales O by exp(m_{j-1} - m_j).
-    Backward: a dQ kernel (one program per query tile, K_j and V_j from the ring) that
-    first stores D_i = rowsum(dO_i * O_i), then a dK/dV kernel (one program per key tile,
-    64 keys a consumer, Q_i and dO_i from the ring) that reads D and L.  P = exp(S - L) is
-    recomputed, N_q x N_k is never stored, no atomics: dQ, dK, dV are the same bits on
-    every call.
+    Backward: a dK/dV kernel (one program per key tile, 64 keys a consumer, Q_i and dO_i
+    from the ring) that reads D_i = rowsum(dO_i * O_i) and L; P = exp(S - L) is recomputed
+    and N_q x N_k is never stored.  d 64: five products a tile; the dK/dV kernel also
+    forms dS_i K for its keys and adds it into a float32 dQ by a TMA reduction (staged in
+    shared memory under the next tile's S and dP), between a kernel that stores D and
+    zeroes dQ and one that scales and casts it.  The reductions land in a varying order,
+    so dQ may differ in its last bits between calls; dK and dV are the same bits on every
+    call.  d 128, and any d under torch.use_deterministic_algorithms(True): seven
+    products, deterministic; a dQ kernel (one program per query tile, K_j and V_j from
+    the ring) that first stores D, then the dK/dV kernel without dQ.
     Phases: slot s of tile i waits on parity (i // STAGES) & 1; the loader's first pass
     waits on parity 1 of the empty barrier, which a fresh mbarrier reports complete.
 """
@@ -417,12 +422,24 @@ if GLUON_IMPORT_ERROR is None:
         ], [4, 1], [CONSUMER_REGS, 24])
 
     @gluon.jit
+    def _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """dQ[q_start : q_start + BLOCK_M] += dq (float32, this warpgroup's partial): through
+        dq_smem, once the previous reduction has read it, by one TMA reduction."""
+        tma.store_wait(0)  # the issuing thread's previous reduction has read dq_smem ...
+        gl.thread_barrier()  # ... and every thread of the warpgroup knows it
+        dq_smem.reshape([BLOCK_M, HEAD_DIM]).store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        _tma_reduce_add(dqacc_desc, [b_i, h_i, q_start, 0], dq_smem)
+
+    @gluon.jit
     def _bwd_dkdv_consumer(k_tile, v_tile, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                            dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k, n_tiles,
                            qk_scale, sm_scale, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                            row0, ds_smem, dq_smem, dqacc_desc,
                            IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, FUSE_DQ: gl.constexpr):
+                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, FUSE_DQ: gl.constexpr,
+                           MUTANT: gl.constexpr):
         """One warpgroup's BLOCK_N keys from key_start (half of the program's).  FUSE_DQ: also
         dQ_i += dS_i K (this warpgroup's keys), staged through ds_smem (dS^T) and dq_smem and
         added into the float32 dQ of dqacc_desc by a TMA reduction (five products a tile)."""
@@ -439,6 +456,7 @@ if GLUON_IMPORT_ERROR is None:
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
         if FUSE_DQ:
             dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, kv_layout)
+            dq = dq_zero  # tile i - 1's partial, staged under tile i's first products
         mbarrier.wait(fixed_bar, 0)
         for i in range(n_tiles):
             slot = i % STAGES
@@ -454,6 +472,9 @@ if GLUON_IMPORT_ERROR is None:
             st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             mbarrier.wait(do_ready.index(slot), phase)
             dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            if FUSE_DQ:
+                if i > 0:  # tile i - 1's dQ partial (retired at the end of that tile)
+                    _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start - BLOCK_M, BLOCK_M, HEAD_DIM)
             st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
             pt = gl.exp2(st * qk_scale - lse2[None, :])
             keep = in_q[None, :] & (keys[:, None] < n_k)
@@ -463,27 +484,21 @@ if GLUON_IMPORT_ERROR is None:
             dst = (pt * (dpt - delta[None, :])).to(dtype)
             pt_op = gl.convert_layout(pt.to(dtype), op_layout)
             dst_op = gl.convert_layout(dst, op_layout)
-            if FUSE_DQ:  # dS^T to shared memory: dQ's product reads it transposed (A = dS)
+            dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+            dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
+            if FUSE_DQ:  # dS^T to shared memory under those two: dQ's product reads it as A = dS
                 ds_smem.store(dst)
                 fence_async_shared()
                 gl.thread_barrier()
-            dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
-            dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
-            if FUSE_DQ:
                 dq = warpgroup_mma(ds_smem.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
                 dv, dk, dq, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, pt_op, dst_op))
             else:
                 dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, pt_op, dst_op))
             _release(do_empty, slot)
             _release(q_empty, slot)
-            if FUSE_DQ:
-                tma.store_wait(0)  # the previous tile's reduction has read dq_smem (issuing thread)
-                gl.thread_barrier()  # ... and every thread knows it
-                dq_smem.reshape([BLOCK_M, HEAD_DIM]).store(dq)
-                fence_async_shared()
-                gl.thread_barrier()
-                _tma_reduce_add(dqacc_desc, [b_i, h_i, q_start, 0], dq_smem)
         if FUSE_DQ:
+            if n_tiles > 0 and MUTANT != 4:  # the kept mutant 4 never stages the last tile's partial
+                _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, (first_tile + n_tiles - 1) * BLOCK_M, BLOCK_M, HEAD_DIM)
             tma.store_wait(0)
         rows = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -499,7 +514,7 @@ if GLUON_IMPORT_ERROR is None:
                                stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                                IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                               FUSE_DQ: gl.constexpr, num_warps: gl.constexpr):
+                               FUSE_DQ: gl.constexpr, MUTANT: gl.constexpr, num_warps: gl.constexpr):
         # Two consumer warpgroups of BLOCK_N // 2 keys each over the same query tiles.
         # FUSE_DQ: each also adds its dS K into the float32 dQ (dqacc_desc; unread otherwise).
         KEYS: gl.constexpr = BLOCK_N // 2
@@ -548,13 +563,13 @@ if GLUON_IMPORT_ERROR is None:
                                   dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k,
                                   n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
                                   stride_vb, stride_vh, stride_vn, bh * n_q, ds_0, dq_0, dqacc_desc,
-                                  IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ)),
+                                  IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, MUTANT)),
             (_bwd_dkdv_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), fixed_bar,
                                   q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                                   dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start + KEYS, first_tile, n_q,
                                   n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
                                   stride_vb, stride_vh, stride_vn, bh * n_q, ds_1, dq_1, dqacc_desc,
-                                  IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ)),
+                                  IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, MUTANT)),
             (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                           b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
@@ -590,7 +605,8 @@ BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 
 BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3)}
 
 # Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
-MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3}
+MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3,
+           "last_dq_partial_never_added": 4}
 
 
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -699,7 +715,7 @@ class _BackwardPlan:
     convert kernel).  Otherwise seven, deterministic: the dQ kernel (which stores D) then
     the dK/dV kernel."""
 
-    def __init__(self, q, k, v, o, lse, grad_o, is_causal, scale):
+    def __init__(self, q, k, v, o, lse, grad_o, is_causal, scale, mutant=0):
         self.scale = _validate(q, k, v, is_causal, scale)
         for name, t, like in (("O", o, q), ("dO", grad_o, q)):
             if t.shape != like.shape or t.dtype != like.dtype or t.device != like.device:
@@ -734,7 +750,7 @@ class _BackwardPlan:
                 _flash_bwd_dkdv_kernel, (B * H, triton.cdiv(n_k, cfg.block_n)),
                 (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
                 dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
-                     CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=True), cfg, dev,
+                     CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=True, MUTANT=mutant), cfg, dev,
                 (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
             return
         cfg = self.dq_cfg = BACKWARD_DQ_CONFIGS[d]
@@ -748,7 +764,7 @@ class _BackwardPlan:
             _flash_bwd_dkdv_kernel, (B * H, triton.cdiv(n_k, cfg.block_n)),
             (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
             dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
-                 CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=False), cfg, q.device,
+                 CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=False, MUTANT=mutant), cfg, q.device,
             (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
 
     def __call__(self, q, k, v, o, lse, grad_o):
@@ -774,10 +790,10 @@ def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None, 
     return (build() if key is None else _plan(key, build))(q, k, v)
 
 
-def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: float | None = None):
+def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: float | None = None, *, mutant: int = 0):
     """dQ, dK, dV of attention(q, k, v) given O, L and dO."""
-    key = _key("bwd", (q, k, v, o, lse, grad_o), is_causal, scale, torch.are_deterministic_algorithms_enabled())
-    build = lambda: _BackwardPlan(q, k, v, o, lse, grad_o, is_causal, scale)  # noqa: E731
+    key = _key("bwd", (q, k, v, o, lse, grad_o), is_causal, scale, (torch.are_deterministic_algorithms_enabled(), mutant))
+    build = lambda: _BackwardPlan(q, k, v, o, lse, grad_o, is_causal, scale, mutant)  # noqa: E731
     return (build() if key is None else _plan(key, build))(q, k, v, o, lse, grad_o)
 
 
@@ -797,7 +813,7 @@ def _attention_function(mutant: int):
             q, k, v, o, lse = ctx.saved_tensors
             if grad_o.dtype != q.dtype:
                 grad_o = grad_o.to(q.dtype)
-            dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale)
+            dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale, mutant=mutant)
             return dq, dk, dv, None, None
 
     return FlashAttentionGluon

@@ -3,13 +3,18 @@ form (the same module under torch.use_deterministic_algorithms) and SDPA's flash
 backends: backward medians (do_bench, interleaved rounds), and how far the two Gluon forms'
 gradients are apart.
 
-    PYTHONPATH=. python perf/scripts/gluon_five_products.py [--out DIR]
+    PYTHONPATH=. python perf/scripts/gluon_five_products.py [--out DIR] [--variant NAME=FILE ...]
+
+``--variant`` adds the backward of another copy of flash_gluon.py (an earlier schedule) to the
+same rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import sys
 import statistics
 from pathlib import Path
 
@@ -34,11 +39,21 @@ def sdpa_backward(backend, q, k, v, do, causal):
     return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
 
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="perf-out")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--variant", action="append", default=[])
     a = p.parse_args()
+    extra = {name: load(f"gluon_{name}", path) for name, path in (v.split("=", 1) for v in a.variant)}
     rows = []
     for b, h, n, d, causal in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(n + d)
@@ -58,7 +73,9 @@ def main():
         scale = {name: y.float().abs().max().item() for name, y in zip("qkv", g7)}
         variants = {"gluon_five": five, "gluon_seven": seven,
                     "sdpa_cudnn": sdpa_backward(SDPBackend.CUDNN_ATTENTION, q, k, v, do, causal),
-                    "sdpa_flash": sdpa_backward(SDPBackend.FLASH_ATTENTION, q, k, v, do, causal)}
+                    "sdpa_flash": sdpa_backward(SDPBackend.FLASH_ATTENTION, q, k, v, do, causal),
+                    **{f"gluon_{name}": (lambda m=m: m.flash_backward(q, k, v, o, lse, do, causal))
+                       for name, m in extra.items()}}
         times = {name: [] for name in variants}
         for _ in range(a.rounds):
             for name, fn in variants.items():
@@ -78,6 +95,8 @@ def main():
               f"{r['gluon_five_bwd_ms'] / r['sdpa_cudnn_bwd_ms']:.2f} | "
               f"{', '.join(f'{v:.3g}' for v in r['max_diff_five_vs_seven'].values())} |" for r in rows]
     (out / "five_products.md").write_text("\n".join(lines) + "\n")
+    for name in extra:
+        lines.append(f"\n{name}: " + ", ".join(f"{r['shape']} {r[f'gluon_{name}_bwd_ms']:.3f}" for r in rows))
     print("\n".join(lines))
 
 

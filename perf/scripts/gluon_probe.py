@@ -54,7 +54,7 @@ if __name__ == "__main__":
     for name in sorted(MUTANTS, key=lambda n: n == "ready_phase_off_by_one"):  # the one that may hang last
         try:  # a mutant may end in a launch failure (the phase one does): that is its result, not the probe's
             errs, _ = case(2, 4, 1000, 1000, 64, False, fn=mutant_function(name))  # 8 key tiles: past the ring
-            print(f"mutant {name}: max|err| O = {errs[0]:.3g}", flush=True)
+            print(f"mutant {name}: max|err| O, dQ, dK, dV = " + ", ".join(f"{e:.3g}" for e in errs), flush=True)
         except Exception as exc:  # noqa: BLE001 - any failure of a mutant is reported as such
             print(f"mutant {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
     sys.exit(1 if bad else 0)
