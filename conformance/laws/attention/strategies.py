@@ -34,12 +34,15 @@ class AttentionCase:
     # or "misaligned" (contiguous from one element into its storage; drawn by one law's neighbours),
     # or "mixed" (each of q, k, v, dO in its own layout: PER_TENSOR_LAYOUTS)
     seed: int
+    # Uninitialised allocations NaN-filled during the call (torch's fill, which runs under its
+    # deterministic-algorithms mode); False: the call runs as a user runs it (laws._allocations).
+    poisoned: bool = True
 
     def __repr__(self) -> str:
         return (
             f"AttentionCase(batch={self.batch}, n_q={self.n_q}, n_k={self.n_k}, d={self.d}, "
             f"dtype={DTYPE_NAMES.get(self.dtype, self.dtype)}, is_causal={self.is_causal}, scale={self.scale}, "
-            f"value_scale={self.value_scale}, layout={self.layout!r}, seed={self.seed})"
+            f"value_scale={self.value_scale}, layout={self.layout!r}, seed={self.seed}, poisoned={self.poisoned})"
         )
 
     @property
@@ -193,6 +196,7 @@ def attention_cases(
         value_scale=draw(value_scales()),
         layout=draw(st.sampled_from(layouts)),
         seed=draw(st.integers(0, 2**31 - 1)),
+        poisoned=draw(st.booleans()),
     )
 
 
@@ -238,6 +242,7 @@ def contract_cases(draw, budget: Budget, flavour: str, *, long: bool = False, ca
         value_scale=1.0,
         layout="contiguous",
         seed=draw(st.integers(0, 2**31 - 1)),
+        poisoned=draw(st.booleans()),
     )
 
 
