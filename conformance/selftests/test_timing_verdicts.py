@@ -1,7 +1,7 @@
 """Verdicts of mutant and control runs that timing must not decide.  A Gluon run's child
-process is killed as hung only for time it spends running, not compiling: a cold Triton
-cache on a loaded machine must not read as a hang, and a kernel that never finishes must
-still be caught (``conformance.laws.attention.rejection``).  A failure Hypothesis could not
+process is killed as hung only for time it spends running, not compiling, since a call of
+the implementation last started: a cold Triton cache or a loaded GPU must not read as a
+hang, and a kernel that never finishes must still be caught (``conformance.laws.attention.rejection``).  A failure Hypothesis could not
 replay (a race) is still a rejection (``conformance.lawbook.first_failure_line``)."""
 
 from __future__ import annotations
@@ -37,6 +37,19 @@ def test_running_time_adds_up_across_compiles():
     assert hung
 
 
+def test_a_slow_run_that_keeps_making_progress_is_not_a_hang():
+    # 2.4 s of running in all, past a 1 s limit, but a call starts every 0.4 s
+    proc = _child("for _ in range(6):\n    time.sleep(0.4)\n    print('PROGRESS', flush=True)\nprint('VERDICT:', flush=True)")
+    lines, hung, _ = rejection.watch_for_progress(proc, limit_s=1.0, compile_allowance_s=60.0)
+    assert not hung and lines == ["VERDICT:"]
+
+
+def test_a_run_silent_past_the_limit_after_progress_is_a_hang():
+    proc = _child("print('PROGRESS', flush=True); time.sleep(30)")
+    _, hung, _ = rejection.watch_for_progress(proc, limit_s=1.0, compile_allowance_s=60.0)
+    assert hung
+
+
 def test_compiling_past_the_allowance_is_a_hang_too():
     proc = _child("print('COMPILING', flush=True); time.sleep(30)")
     _, hung, _ = rejection.watch_for_progress(proc, limit_s=60.0, compile_allowance_s=1.0)
@@ -52,7 +65,7 @@ def test_the_childs_stderr_comes_back_for_a_crash_report():
 def test_the_child_program_is_valid_python_with_the_compile_hooks():
     code = rejection._CHILD.format(law="some_law", target="impl", examples=3, flavour="gluon")
     compile(code, "<child>", "exec")
-    assert "jit_cache_hook" in code and "jit_post_compile_hook" in code
+    assert "jit_cache_hook" in code and "jit_post_compile_hook" in code and "PROGRESS" in code
 
 
 def test_a_failure_hypothesis_could_not_replay_is_still_a_rejection():

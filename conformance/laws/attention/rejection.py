@@ -45,9 +45,11 @@ SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None)
 
 # A kernel whose barriers wait on a phase that never comes hangs the process on the GPU, where
 # nothing can interrupt it: the Gluon flavour's runs go to a child process, and a child that
-# makes no progress for this long rejects the target as hung.  Time spent compiling is not
-# counted (the child reports each Triton compile's start and end): a cold cache on a loaded
-# machine compiles for longer than any run that finishes takes, and is no hang.
+# makes no progress for this long rejects the target as hung.  Progress is a call of the
+# implementation starting (the child says "PROGRESS"): a run of many examples on a GPU that
+# other workers load is slow, not hung.  Time spent compiling is not counted either (the child
+# reports each Triton compile's start and end): a cold cache on a loaded machine compiles for
+# longer than any call that finishes takes, and is no hang.
 HANG_LIMIT_S = float(os.environ.get("SUITE_HANG_LIMIT_S", 150))
 COMPILE_ALLOWANCE_S = 900.0  # compiling past this much in one run is reported as a hang too
 
@@ -66,6 +68,12 @@ try:
     knobs.runtime.jit_post_compile_hook = _say('COMPILED')
 except Exception:  # no hooks: every second counts towards the limit
     pass
+from conformance.laws.attention import laws as _laws
+_call = _laws.call
+def _call_with_progress(*args, **kwargs):
+    print('PROGRESS', flush=True)
+    return _call(*args, **kwargs)
+_laws.call = _call_with_progress
 from conformance.laws.attention.rejection import rejection
 v = rejection({law!r}, {target!r}, {examples}, {flavour!r}, in_child=True)
 print('VERDICT:' + ('' if v is None else v), flush=True)
@@ -100,8 +108,9 @@ def _rejection_in_child(law_name: str, target_spec: str, max_examples: int, flav
                             cwd=root, env=env)
     lines, hung, stderr = watch_for_progress(proc, HANG_LIMIT_S, COMPILE_ALLOWANCE_S)
     if hung:
-        return (f"hung: no verdict within {HANG_LIMIT_S:g} s of running, compiling not counted (a kernel that never "
-                f"finishes, as one whose barrier waits on a phase that never completes)")
+        return (f"hung: no call of the implementation started or the run ended within {HANG_LIMIT_S:g} s, compiling "
+                f"not counted (a kernel that never finishes, as one whose barrier waits on a phase that never "
+                f"completes)")
     verdicts = [line.removeprefix("VERDICT:") for line in lines if line.startswith("VERDICT:")]
     if not verdicts:
         tail = (stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -111,9 +120,9 @@ def _rejection_in_child(law_name: str, target_spec: str, max_examples: int, flav
 
 def watch_for_progress(proc: subprocess.Popen, limit_s: float, compile_allowance_s: float) -> tuple[list, bool, str]:
     """Read ``proc``'s output to its end; kill it once it has run ``limit_s`` seconds outside
-    compiles (between a "COMPILING" and a "COMPILED" line the clock stops, up to
-    ``compile_allowance_s`` in all).  Returns (stdout lines but those two, whether it was
-    killed, stderr)."""
+    compiles since its last "PROGRESS" line (between a "COMPILING" and a "COMPILED" line the
+    clock stops, up to ``compile_allowance_s`` in all).  Returns (stdout lines but those
+    three kinds, whether it was killed, stderr)."""
     out: queue.Queue = queue.Queue()
     err: list = []
     threading.Thread(target=lambda: [out.put(line) for line in proc.stdout] + [out.put(None)], daemon=True).start()
@@ -138,7 +147,9 @@ def watch_for_progress(proc: subprocess.Popen, limit_s: float, compile_allowance
         if line is None:
             break
         line = line.rstrip("\n")
-        if line == "COMPILING":
+        if line == "PROGRESS":
+            running = 0.0
+        elif line == "COMPILING":
             compiling += 1
         elif line == "COMPILED":
             compiling = max(compiling - 1, 0)
