@@ -24,8 +24,20 @@ KERNELS = ("_flash_fwd_kernel", "_flash_bwd_dq_kernel", "_flash_bwd_dkdv_kernel"
 DESCRIPTOR_ROWS = {
     "_flash_fwd_kernel": {"q_desc": "BLOCK_M", "k_desc": "BLOCK_N", "v_desc": "BLOCK_N"},
     "_flash_bwd_dq_kernel": {"q_desc": "BLOCK_M", "do_desc": "BLOCK_M", "k_desc": "BLOCK_N", "v_desc": "BLOCK_N"},
-    "_flash_bwd_dkdv_kernel": {"k_desc": "BLOCK_N", "v_desc": "BLOCK_N", "q_desc": "BLOCK_M", "do_desc": "BLOCK_M"},
+    "_flash_bwd_dkdv_kernel": {"k_desc": "BLOCK_N", "v_desc": "BLOCK_N", "q_desc": "BLOCK_M", "do_desc": "BLOCK_M",
+                               "dqacc_desc": "BLOCK_M"},
 }
+
+
+def _plan_of(d):
+    """(the Gluon kernels a forward + backward launches, in order; their configs; whether the
+    dK/dV kernel adds dQ): five products where the table has them, outside deterministic mode
+    (the Triton flavour's preprocess and convert kernels around it are not Gluon's)."""
+    if d in fg.BACKWARD_FUSED_CONFIGS and not torch.are_deterministic_algorithms_enabled():
+        return (("_flash_fwd_kernel", "_flash_bwd_dkdv_kernel"),
+                {"_flash_fwd_kernel": fg.FORWARD_CONFIGS[d], "_flash_bwd_dkdv_kernel": fg.BACKWARD_FUSED_CONFIGS[d]}, True)
+    return KERNELS, {"_flash_fwd_kernel": fg.FORWARD_CONFIGS[d], "_flash_bwd_dq_kernel": fg.BACKWARD_DQ_CONFIGS[d],
+                     "_flash_bwd_dkdv_kernel": fg.BACKWARD_DKDV_CONFIGS[d]}, False
 
 
 class _Recorder:
@@ -66,13 +78,22 @@ def _inputs(shape_q, n_k, transposed):
     return (make(n_q).to(torch.bfloat16), make(n_k).to(torch.bfloat16), make(n_k).to(torch.bfloat16))
 
 
+@pytest.fixture(params=[False, True], ids=["default", "deterministic"])
+def deterministic(request):
+    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(request.param)
+    yield request.param
+    torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+
+
 @pytest.mark.parametrize("shape_q, n_k, causal, transposed", [
     ((2, 3, 100, 64), 100, True, False),
     ((1, 2, 300, 128), 77, False, True),
     ((129, 64), 129, True, False),
     ((2, 2, 3, 65, 128), 200, False, False),
 ])
-def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, shape_q, n_k, causal, transposed):
+def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, deterministic, shape_q, n_k, causal,
+                                                                  transposed):
     q, k, v = _inputs(shape_q, n_k, transposed)
     o, lse = fg.flash_forward(q, k, v, causal)
     assert o.shape == q.shape and lse.shape == q.shape[:-1] and lse.dtype == torch.float32
@@ -82,9 +103,9 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, shape_
     d = q.shape[-1]
     q4 = fg.as_4d(q)
     bh, n_q = q4.shape[0] * q4.shape[1], q4.shape[2]
-    tables = {"_flash_fwd_kernel": fg.FORWARD_CONFIGS[d], "_flash_bwd_dq_kernel": fg.BACKWARD_DQ_CONFIGS[d],
-              "_flash_bwd_dkdv_kernel": fg.BACKWARD_DKDV_CONFIGS[d]}
-    assert [c[0] for c in launches] == list(KERNELS)
+    kernels, tables, fused = _plan_of(d)
+    assert fused == (d == 64 and not deterministic)  # five products for d 64 outside deterministic mode
+    assert [c[0] for c in launches] == list(kernels)
     for name, grid, args, options in launches:
         cfg = tables[name]
         assert (args["BLOCK_M"], args["BLOCK_N"], args["STAGES"], args["HEAD_DIM"]) == (
@@ -96,6 +117,10 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, shape_
         for param, tile in DESCRIPTOR_ROWS[name].items():
             desc = args[param]
             assert isinstance(desc, TensorDescriptor), f"{name}.{param} is a {type(desc).__name__}"
-            n = n_q if param in ("q_desc", "do_desc") else n_k
+            n = n_q if param in ("q_desc", "do_desc", "dqacc_desc") else n_k
             assert list(desc.shape) == [*q4.shape[:2], n, d], f"{name}.{param} covers {desc.shape}"
             assert list(desc.block_shape) == [1, 1, args[tile], d], f"{name}.{param} box {desc.block_shape}"
+        if name == "_flash_bwd_dkdv_kernel":
+            assert args["FUSE_DQ"] is fused, name
+            # five products: the float32 dQ the reductions add into; seven: q stands in, unread
+            assert args["dqacc_desc"].base.dtype == (torch.float32 if fused else q.dtype), name

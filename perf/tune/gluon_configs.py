@@ -3,7 +3,7 @@ the Triton flavour's outputs, then timed (do_bench medians, the candidates of on
 interleaved rounds); and the host time of a short forward + backward next to the Triton
 flavour and SDPA.
 
-    PYTHONPATH=. python -m perf.tune.gluon_configs [--out DIR] [--host-only] [--kinds fwd dq dkdv]
+    PYTHONPATH=. python -m perf.tune.gluon_configs [--out DIR] [--host-only] [--kinds fwd dq dkdv fused]
 
 A candidate is (BLOCK_M, BLOCK_N, STAGES); the table's other fields (warps, registers) stay.
 
@@ -34,8 +34,10 @@ CANDIDATES = {
             128: [(128, 128, 2), (128, 64, 3), (128, 64, 4)]},
     "dq": {64: [(128, 64, 3), (128, 128, 2), (128, 128, 3)], 128: [(128, 64, 2), (128, 64, 3)]},
     "dkdv": {64: [(64, 128, 3), (64, 128, 4), (32, 128, 4)], 128: [(32, 128, 3), (32, 128, 4), (64, 128, 3)]},
+    "fused": {64: [(64, 128, 3), (64, 128, 2), (64, 128, 4)]},  # the five-product dK/dV kernel
 }
-TABLES = {"fwd": fg.FORWARD_CONFIGS, "dq": fg.BACKWARD_DQ_CONFIGS, "dkdv": fg.BACKWARD_DKDV_CONFIGS}
+TABLES = {"fwd": fg.FORWARD_CONFIGS, "dq": fg.BACKWARD_DQ_CONFIGS, "dkdv": fg.BACKWARD_DKDV_CONFIGS,
+          "fused": fg.BACKWARD_FUSED_CONFIGS}
 
 
 def inputs(b, h, n, d, seed=0):
@@ -60,6 +62,19 @@ def _with(default, cand):
 
 def tune(kind, shape_name, rounds=3):
     b, h, n, d, causal = SHAPES[shape_name]
+    if d not in CANDIDATES[kind]:
+        return []
+    if kind in ("dq", "dkdv") and d in fg.BACKWARD_FUSED_CONFIGS:  # the seven-product kernels run only there
+        was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            return _tune(kind, shape_name, b, h, n, d, causal, rounds)
+        finally:
+            torch.use_deterministic_algorithms(was)
+    return _tune(kind, shape_name, b, h, n, d, causal, rounds)
+
+
+def _tune(kind, shape_name, b, h, n, d, causal, rounds):
     (q, k, v), do = inputs(b, h, n, d)
     ref_o, ref_g = run(FlashAttentionTriton, q, k, v, do, causal)
     table, default = TABLES[kind], TABLES[kind][d]
@@ -109,7 +124,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--host-only", action="store_true", help="only the host time of a short forward + backward")
-    p.add_argument("--kinds", nargs="+", default=["fwd", "dq", "dkdv"], choices=["fwd", "dq", "dkdv"])
+    p.add_argument("--kinds", nargs="+", default=["fwd", "dq", "dkdv", "fused"], choices=list(CANDIDATES))
     a = p.parse_args()
     rows = []
     for kind in () if a.host_only else a.kinds:
