@@ -436,13 +436,16 @@ if GLUON_IMPORT_ERROR is None:
     def _bwd_dkdv_consumer(k_tile, v_tile, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                            dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k, n_tiles,
                            qk_scale, sm_scale, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                           row0, ds_smem, dq_smem, dqacc_desc,
+                           row0, k_full, ds_bufs, ds_full, ds_free, dq_smem, dqacc_desc,
                            IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, FUSE_DQ: gl.constexpr,
-                           MUTANT: gl.constexpr):
-        """One warpgroup's BLOCK_N keys from key_start (half of the program's).  FUSE_DQ: also
-        dQ_i += dS_i K (this warpgroup's keys), staged through ds_smem (dS^T) and dq_smem and
-        added into the float32 dQ of dqacc_desc by a TMA reduction (five products a tile)."""
+                           WG: gl.constexpr, MUTANT: gl.constexpr):
+        """One warpgroup's BLOCK_N keys from key_start (half of the program's; WG says which).
+        FUSE_DQ: also dQ_i += dS_i K over the program's keys (five products a tile).  Each
+        consumer writes its dS^T half into a slot of ds_bufs and arrives on ds_full; the two
+        take turns (tile parity) at the product over both halves, which frees the slot
+        (ds_free), and at staging its float32 partial through dq_smem into dqacc_desc by a TMA
+        reduction: one product, one partial, one reduction a tile."""
         # Transposed scores: rows are this warpgroup's keys, columns a tile of queries.
         st_layout: gl.constexpr = _mma_layout(BLOCK_M, 4)
         kv_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
@@ -473,8 +476,9 @@ if GLUON_IMPORT_ERROR is None:
             mbarrier.wait(do_ready.index(slot), phase)
             dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             if FUSE_DQ:
-                if i > 0:  # tile i - 1's dQ partial (retired at the end of that tile)
-                    _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start - BLOCK_M, BLOCK_M, HEAD_DIM)
+                if i > 0:
+                    if (i - 1) % 2 == WG:  # tile i - 1's dQ partial, this consumer's turn (retired there)
+                        _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start - BLOCK_M, BLOCK_M, HEAD_DIM)
             st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
             pt = gl.exp2(st * qk_scale - lse2[None, :])
             keep = in_q[None, :] & (keys[:, None] < n_k)
@@ -487,17 +491,25 @@ if GLUON_IMPORT_ERROR is None:
             dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
             dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
             if FUSE_DQ:  # dS^T to shared memory under those two: dQ's product reads it as A = dS
-                ds_smem.store(dst)
+                ds_slot = i % 2
+                ds_use = i // 2
+                mbarrier.wait(ds_free.index(ds_slot), (ds_use & 1) ^ 1)  # tile i - 2's product has read it
+                ds_bufs.index(ds_slot).slice(WG * BLOCK_N, BLOCK_N).store(dst)
                 fence_async_shared()
-                gl.thread_barrier()
-                dq = warpgroup_mma(ds_smem.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
-                dv, dk, dq, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, pt_op, dst_op))
-            else:
-                dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, pt_op, dst_op))
+                _release(ds_full, ds_slot)
+            dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, pt_op, dst_op))
+            if FUSE_DQ:
+                if i % 2 == WG:  # this consumer's turn: both halves, all the program's keys
+                    mbarrier.wait(ds_full.index(ds_slot), ds_use & 1)
+                    dq_next = warpgroup_mma(ds_bufs.index(ds_slot).permute((1, 0)), k_full, dq_zero, use_acc=False,
+                                            is_async=True)
+                    dq = warpgroup_mma_wait(0, deps=(dq_next,))
+                    _release(ds_free, ds_slot)
             _release(do_empty, slot)
             _release(q_empty, slot)
         if FUSE_DQ:
-            if n_tiles > 0 and MUTANT != 4:  # the kept mutant 4 never stages the last tile's partial
+            # the kept mutant 4 never stages the last tile's partial
+            if n_tiles > 0 and (n_tiles - 1) % 2 == WG and MUTANT != 4:
                 _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, (first_tile + n_tiles - 1) * BLOCK_M, BLOCK_M, HEAD_DIM)
             tma.store_wait(0)
         rows = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
@@ -550,26 +562,31 @@ if GLUON_IMPORT_ERROR is None:
 
         k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
         v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
-        if FUSE_DQ:  # per consumer: its dS^T tile, and its dQ partial on the way to the reduction
-            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], dtype)
-            ds_smem = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], ds_layout)
+        if FUSE_DQ:  # dS^T of the program's keys in two slots, and a consumer's partial on its way
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+            ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+            ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(2):
+                mbarrier.init(ds_full.index(i), count=2)  # each consumer's half written
+                mbarrier.init(ds_free.index(i), count=1)  # the product over both has retired
             dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dqacc_desc.block_type.shape, dqacc_desc.layout)
-            ds_0, ds_1, dq_0, dq_1 = ds_smem.index(0), ds_smem.index(1), dq_smem.index(0), dq_smem.index(1)
+            dq_0, dq_1 = dq_smem.index(0), dq_smem.index(1)
         else:
-            ds_0, ds_1, dq_0, dq_1 = None, None, None, None
+            ds_bufs, ds_full, ds_free, dq_0, dq_1 = None, None, None, None, None
         gl.warp_specialize([
             (_bwd_dkdv_consumer, (k_tile.slice(0, KEYS), v_tile.slice(0, KEYS), fixed_bar,
                                   q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                                   dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k,
                                   n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
-                                  stride_vb, stride_vh, stride_vn, bh * n_q, ds_0, dq_0, dqacc_desc,
-                                  IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, MUTANT)),
+                                  stride_vb, stride_vh, stride_vn, bh * n_q, k_tile, ds_bufs, ds_full, ds_free,
+                                  dq_0, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, 0, MUTANT)),
             (_bwd_dkdv_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), fixed_bar,
                                   q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                                   dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start + KEYS, first_tile, n_q,
                                   n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
-                                  stride_vb, stride_vh, stride_vn, bh * n_q, ds_1, dq_1, dqacc_desc,
-                                  IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, MUTANT)),
+                                  stride_vb, stride_vh, stride_vn, bh * n_q, k_tile, ds_bufs, ds_full, ds_free,
+                                  dq_1, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, 1, MUTANT)),
             (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                           b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
