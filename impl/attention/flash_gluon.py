@@ -35,9 +35,11 @@ Schedule
     Backward: a dK/dV kernel (one program per key tile, 64 keys a consumer, Q_i and dO_i
     from the ring) that reads D_i = rowsum(dO_i * O_i) and L; P = exp(S - L) is recomputed
     and N_q x N_k is never stored.  d 64: five products a tile; the dK/dV kernel also
-    forms dS_i K for its keys and adds it into a float32 dQ by a TMA reduction (staged in
-    shared memory under the next tile's S and dP), between a kernel that stores D and
-    zeroes dQ and one that scales and casts it.  The reductions land in a varying order,
+    forms dS_i K over its keys and adds it into a float32 dQ by a TMA reduction, between a
+    kernel that stores D and zeroes dQ and one that scales and casts it.  The consumers
+    write their halves of dS_i^T into one of two shared-memory slots (mbarriers ds_full,
+    count 2, and ds_free); they take turns by tile parity at the product over both halves,
+    and the one whose turn it was stages the partial after issuing the next tile's S and dP.  The reductions land in a varying order,
     so dQ may differ in its last bits between calls; dK and dV are the same bits on every
     call.  d 128, and any d under torch.use_deterministic_algorithms(True): seven
     products, deterministic; a dQ kernel (one program per query tile, K_j and V_j from
