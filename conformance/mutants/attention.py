@@ -136,6 +136,8 @@ def _backward(q, k, v, o, lse, do, is_causal, scale, bugs):
     d_rows = (do_ * o_).sum(-1, keepdim=True)
     ds = p * dp if "backward_without_D" in bugs else p * (dp - d_rows)
     dq = mm(ds, k_) * scale
+    if "fast_path_dq_unscaled" in bugs and not torch.are_deterministic_algorithms_enabled():
+        dq = mm(ds, k_)  # the default (fast) path's convert step forgets the scale; the deterministic one is right
     dk = mm(ds.transpose(-1, -2), q_) if "dk_missing_scale" in bugs else mm(ds.transpose(-1, -2), q_) * scale
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
@@ -212,6 +214,10 @@ SPECS = (
            ("gradients_match_float64_reference", "float64_gradcheck", "contract_gradients_match_float64_reference")),
     BuggyFlashSpec("dk_missing_scale", "dK not multiplied by the softmax scale",
            ("gradients_match_float64_reference", "float64_gradcheck")),
+    BuggyFlashSpec("fast_path_dq_unscaled", "outside torch's deterministic-algorithms mode (the path a user runs) "
+           "dQ misses the softmax scale, as a fast atomic-dQ path whose convert step forgets it; the deterministic "
+           "path, which the oracle's poisoned allocations switch on, is right",
+           ("gradients_match_float64_reference", "contract_gradients_match_float64_reference")),
     BuggyFlashSpec("causal_bottom_right", "causal mask aligned bottom-right where N_q != N_k (query i sees keys up to i + N_k - N_q), not top-left",
            ("spec:causal_masking_in_every_extra_shape", "spec:unequal_query_and_key_lengths")),
     BuggyFlashSpec("tf32_dots", "float32 matrix products with their operands rounded to TF32 (tl.dot's default on NVIDIA GPUs): within the course's 1e-2, far from float32 accuracy",
