@@ -192,6 +192,7 @@ MODULES: dict[str, Callable[[Check], str]] = {
             "test_impl_single_stage_equals_the_plain_microbatch_loop_bit_for_bit",
             "test_bad_schedule_request_is_a_clear_error",
             "test_more_microbatches_than_rows_is_a_clear_error",
+            "test_impl_channels_for_a_subgroup_are_the_subgroup_and_the_world_on_one_backend",
         ),
     ),
     "conformance.spec.test_pipeline": fixed("pipeline parallel"),

@@ -146,3 +146,31 @@ def test_more_microbatches_than_rows_is_a_clear_error():
 
     with pytest.raises(ValueError, match="micro-batches"):
         pipeline_train_step(nn.Linear(2, 2), "afab", torch.zeros(2, 2), torch.zeros(2, 2), models.sum_squared_error, 3)
+
+
+@pytest.mark.parametrize("sub, world, expected", [
+    ("gloo", "gloo", "world"), ("nccl", "nccl", "world"), ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl", "world"),
+    ("gloo", "nccl", "itself"), ("nccl", "gloo", "error"),
+])
+def test_impl_channels_for_a_subgroup_are_the_subgroup_and_the_world_on_one_backend(monkeypatch, sub, world, expected):
+    """impl's two channels for a pipeline over a subgroup (impl.pipeline.executor._channels),
+    with torch.distributed stood in for: the subgroup and the world group where both are on
+    one backend; a gloo subgroup of another world keeps its one group (gloo buffers); an
+    NCCL one is a clear error naming both backends."""
+    from types import SimpleNamespace
+
+    from impl.pipeline import executor
+
+    subgroup, world_group = object(), object()
+    fake = SimpleNamespace(
+        is_available=lambda: True, is_initialized=lambda: True, group=SimpleNamespace(WORLD=world_group),
+        get_world_size=lambda g=None: 2 if g is subgroup else 4,
+        get_process_group_ranks=lambda g: [1, 2] if g is subgroup else [0, 1, 2, 3],
+        get_backend=lambda g=None: sub if g is subgroup else world)
+    monkeypatch.setattr(executor, "dist", fake)
+    if expected == "error":
+        with pytest.raises(RuntimeError, match=f"on {sub}.*world group is on {world}"):
+            executor._channels(subgroup)
+        return
+    acts, grads = executor._channels(subgroup)
+    assert acts is subgroup and grads is (world_group if expected == "world" else subgroup)

@@ -96,7 +96,9 @@ def _channels(group):
     not calling us), but two groups holding its ranks already exist: the subgroup and the
     world.  Point-to-point calls on the world group between two ranks involve only those
     two (NCCL sets up a pair's communicator from the two of them, or uses the world's own).
-    The same choice is made on every backend, so CPU ranks check the calls GPUs make."""
+    The same choice is made on every backend, so CPU ranks check the calls GPUs make.  A
+    subgroup on another backend than the world's: on gloo its one group (gloo buffers
+    messages, so the two directions cannot deadlock); on NCCL a clear error."""
     if not (dist.is_available() and dist.is_initialized()):
         return group, group
     key = _channel_key(group)
@@ -104,7 +106,15 @@ def _channels(group):
         return _CHANNELS[key]
     whole_world = group is None or dist.get_world_size(group) == dist.get_world_size()
     if not whole_world:
-        return group, dist.group.WORLD
+        backend, world_backend = dist.get_backend(group), dist.get_backend(dist.group.WORLD)
+        if backend == world_backend:
+            return group, dist.group.WORLD
+        if "nccl" not in backend:  # a subgroup on another backend than the world's: gloo buffers, one group will do
+            return group, group
+        raise RuntimeError(
+            f"a pipeline over the subgroup {list(key[1])} on {backend} needs a second group holding its ranks on the same "
+            f"backend, and the world group is on {world_backend}: build its groups with impl.mesh.get_parallel_mesh, or "
+            "create two groups of its ranks on every rank and pass them to impl.pipeline.executor.register_channels")
     _CHANNELS[key] = (dist.new_group(list(key[1])), dist.new_group(list(key[1])))
     return _CHANNELS[key]
 
