@@ -12,9 +12,10 @@ sizes 1 to 4; NCCL on GPUs, up to the number of GPUs).
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 
 from conformance.laws.ddp import laws
+from conformance.laws.ddp.cases import ModelSpec, StepPlan, TrainingCase
 from conformance.laws.ddp.flavours import FLAVOURS
 
 pytestmark = pytest.mark.distributed
@@ -61,6 +62,12 @@ def test_no_sync_micro_batches_then_a_synced_step_equal_one_step_on_their_concat
     _applicable("no_sync", subject)
 
     @given(case=laws.no_sync_cases())
+    # A tied bias that ends near 3.6e-4 while its gradients' summands were far larger: the final
+    # parameter's bound must count those summands (a false alarm in CI before it did).
+    @example(case=TrainingCase(
+        model=ModelSpec(d_in=6, widths=(8, 1), d_out=4, bias=True, tied=True, frozen=True, branch=True), world_size=2,
+        steps=(StepPlan(micro_splits=((1, 2), (5, 5), (5, 5)), branch_p=0.3), StepPlan(micro_splits=((2, 5),), branch_p=0.0)),
+        optimizer="sgd", lr=0.01, precision="fp32", bucket_size_mb=1e-06, seed=2069))
     def law(case):
         laws.law_no_sync_accumulation_equals_concatenated_batch(*subject, case)
 
