@@ -1,13 +1,16 @@
 """Verdicts of mutant and control runs that timing must not decide.  A Gluon run's child
 process is killed as hung only for time it spends running, not compiling, since a call of
 the implementation last started: a cold Triton cache or a loaded GPU must not read as a
-hang, and a kernel that never finishes must still be caught (``conformance.laws.attention.rejection``).  A failure Hypothesis could not
-replay (a race) is still a rejection (``conformance.lawbook.first_failure_line``)."""
+hang, and a kernel that never finishes must still be caught
+(``conformance.laws.attention.rejection``).  A failure Hypothesis could not replay (a race) is
+still a rejection (``conformance.lawbook.first_failure_line``)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+import pytest
 
 from conformance.laws.attention import rejection
 
@@ -17,43 +20,36 @@ def _child(body: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-def test_a_long_compile_is_not_a_hang():
-    proc = _child("print('COMPILING', flush=True); time.sleep(2.5); print('COMPILED', flush=True); "
-                  "print('VERDICT:', flush=True)")
-    lines, hung, _ = rejection.watch_for_progress(proc, limit_s=1.0, compile_allowance_s=60.0)
-    assert not hung and lines == ["VERDICT:"]
-
-
-def test_a_run_silent_past_the_limit_is_a_hang():
-    proc = _child("print('COMPILING', flush=True); print('COMPILED', flush=True); time.sleep(30)")
-    lines, hung, _ = rejection.watch_for_progress(proc, limit_s=1.0, compile_allowance_s=60.0)
-    assert hung and proc.returncode is not None
-
-
-def test_running_time_adds_up_across_compiles():
+# (what it shows, the child's body, limit_s, compile_allowance_s, killed as hung)
+WATCHED_RUNS = [
+    ("a long compile is not a hang",
+     "print('COMPILING', flush=True); time.sleep(2.5); print('COMPILED', flush=True); print('VERDICT:', flush=True)",
+     1.0, 60.0, False),
+    ("a run silent past the limit is a hang",
+     "print('COMPILING', flush=True); print('COMPILED', flush=True); time.sleep(30)", 1.0, 60.0, True),
     # 0.7 s + 0.7 s of running around a compile: past a 1 s limit in all, though neither stretch is
-    proc = _child("time.sleep(0.7); print('COMPILING', flush=True); print('COMPILED', flush=True); time.sleep(30)")
-    _, hung, _ = rejection.watch_for_progress(proc, limit_s=1.0, compile_allowance_s=60.0)
-    assert hung
+    ("running time adds up across compiles",
+     "time.sleep(0.7); print('COMPILING', flush=True); print('COMPILED', flush=True); time.sleep(30)", 1.0, 60.0, True),
+    # 3.2 s of running in all, past a 2 s limit, but a call starts every 0.4 s
+    ("a slow run that keeps making progress is not a hang",
+     "for _ in range(8):\n    time.sleep(0.4)\n    print('PROGRESS', flush=True)\nprint('VERDICT:', flush=True)",
+     2.0, 60.0, False),
+    ("a run silent past the limit after progress is a hang", "print('PROGRESS', flush=True); time.sleep(30)",
+     1.0, 60.0, True),
+    ("compiling past the allowance is a hang too", "print('COMPILING', flush=True); time.sleep(30)", 60.0, 1.0, True),
+]
 
 
-def test_a_slow_run_that_keeps_making_progress_is_not_a_hang():
-    # 2.4 s of running in all, past a 1 s limit, but a call starts every 0.4 s
-    proc = _child("for _ in range(6):\n    time.sleep(0.4)\n    print('PROGRESS', flush=True)\nprint('VERDICT:', flush=True)")
-    lines, hung, _ = rejection.watch_for_progress(proc, limit_s=1.0, compile_allowance_s=60.0)
-    assert not hung and lines == ["VERDICT:"]
-
-
-def test_a_run_silent_past_the_limit_after_progress_is_a_hang():
-    proc = _child("print('PROGRESS', flush=True); time.sleep(30)")
-    _, hung, _ = rejection.watch_for_progress(proc, limit_s=1.0, compile_allowance_s=60.0)
-    assert hung
-
-
-def test_compiling_past_the_allowance_is_a_hang_too():
-    proc = _child("print('COMPILING', flush=True); time.sleep(30)")
-    _, hung, _ = rejection.watch_for_progress(proc, limit_s=60.0, compile_allowance_s=1.0)
-    assert hung
+@pytest.mark.parametrize("body, limit_s, allowance_s, hung", [r[1:] for r in WATCHED_RUNS],
+                         ids=[r[0].replace(" ", "_") for r in WATCHED_RUNS])
+def test_a_child_is_killed_as_hung_only_for_running_time_without_progress(body, limit_s, allowance_s, hung):
+    proc = _child(body)
+    lines, killed, _ = rejection.watch_for_progress(proc, limit_s=limit_s, compile_allowance_s=allowance_s)
+    assert killed == hung
+    if hung:
+        assert proc.returncode is not None
+    else:
+        assert lines == ["VERDICT:"]
 
 
 def test_the_childs_stderr_comes_back_for_a_crash_report():

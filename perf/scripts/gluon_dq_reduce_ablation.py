@@ -3,7 +3,12 @@ product plans timed alone, and the fused dK/dV kernel with parts of its dQ work 
 (copies of the module with one line changed, loaded from a scratch folder; their gradients
 are wrong on purpose, only their times mean anything).
 
-    PYTHONPATH=. python perf/scripts/gluon_dq_reduce_ablation.py [--out DIR]
+The cuts are lines of the first five-product schedule (each tile's partial staged at the end
+of its own tile), which the measurements in perf/results/2026-11-27-h200-gluon-five-products/
+used; ``--source`` takes that copy of the module:
+
+    git show bb1b96a:impl/attention/flash_gluon.py > /tmp/flash_gluon_v1.py
+    PYTHONPATH=. python perf/scripts/gluon_dq_reduce_ablation.py --source /tmp/flash_gluon_v1.py [--out DIR]
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ import triton
 
 import impl.attention.flash_gluon as fg
 
-SRC = Path(fg.__file__).read_text()
 REDUCE = "                _tma_reduce_add(dqacc_desc, [b_i, h_i, q_start, 0], dq_smem)\n"
 VARIANTS = {  # name -> (old, new) in the module source
     "fused": None,
@@ -32,9 +36,10 @@ VARIANTS = {  # name -> (old, new) in the module source
 SHAPES = [(1, 16, 16384, 64, True), (4, 16, 4096, 64, False)]
 
 
-def load_variant(name, change, folder):
-    src = SRC if change is None else SRC.replace(*change)
-    assert change is None or src != SRC, name
+def load_variant(name, change, folder, source: str):
+    src = source if change is None else source.replace(*change)
+    if change is not None and src == source:
+        raise SystemExit(f"{name}: its line is not in the module given; pass --source, the schedule the cuts are for")
     path = Path(folder) / f"gluon_{name}.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location(f"gluon_{name}", path)
@@ -47,10 +52,12 @@ def load_variant(name, change, folder):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="perf-out")
+    p.add_argument("--source", default=fg.__file__, help="the copy of flash_gluon.py to cut (see the docstring)")
     a = p.parse_args()
+    source = Path(a.source).read_text()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        mods = {name: load_variant(name, change, folder) for name, change in VARIANTS.items()}
+        mods = {name: load_variant(name, change, folder, source) for name, change in VARIANTS.items()}
         for b, h, n, d, causal in SHAPES:
             g = torch.Generator(device="cuda").manual_seed(n)
             q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))

@@ -46,8 +46,9 @@ SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None)
 # A kernel whose barriers wait on a phase that never comes hangs the process on the GPU, where
 # nothing can interrupt it: the Gluon flavour's runs go to a child process, and a child that
 # makes no progress for this long rejects the target as hung.  Progress is a call of the
-# implementation starting (the child says "PROGRESS"): a run of many examples on a GPU that
-# other workers load is slow, not hung.  Time spent compiling is not counted either (the child
+# implementation starting through the laws' ``call`` (the child says "PROGRESS"): a run of many
+# examples on a GPU that other workers load is slow, not hung.  Spec checks call the target
+# themselves, so for them the whole run's time counts.  Time spent compiling is not counted either (the child
 # reports each Triton compile's start and end): a cold cache on a loaded machine compiles for
 # longer than any call that finishes takes, and is no hang.
 HANG_LIMIT_S = float(os.environ.get("SUITE_HANG_LIMIT_S", 150))
