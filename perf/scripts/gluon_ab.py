@@ -1,64 +1,118 @@
-"""The Gluon kernels before and after a change, side by side in one process: forward and
+"""Versions of the Gluon kernels side by side in one process, with cuDNN's: forward and
 backward medians (do_bench, interleaved rounds) at the tracked shapes, and the largest
-difference between the two versions' outputs (both are checked against float64 by the
-probe and the laws; this only shows the change computes the same thing).
+difference of each version's outputs from the current module's (each is checked against
+float64 by the probe and the laws; this only shows a change computes the same thing).
 
-    PYTHONPATH=. python perf/scripts/gluon_ab.py --before impl.attention.flash_gluon_prev [--out DIR]
+    PYTHONPATH=. python perf/scripts/gluon_ab.py [--variant NAME=SOURCE[@pingpong] ...] [--out DIR]
 
-``--before`` names a copy of an earlier flash_gluon.py kept as a module for the run.
+SOURCE is a module name or a path to a copy of flash_gluon.py (an earlier schedule).  The
+current module always runs as ``now``; ``@pingpong`` loads a fresh copy of SOURCE with the
+forward's consumers taking turns (``GluonConfig.pingpong``) at every head dim.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import importlib.util
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import torch
 import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 SHAPES = [  # (B, H, N, d, causal)
     (1, 16, 16384, 64, True),  # the leaderboard
-    (4, 16, 4096, 128, False),
-    (8, 16, 1024, 64, True),
+    (4, 16, 4096, 128, False),  # the issue's d 128 shape
+    (4, 16, 4096, 64, False),
     (2, 16, 8192, 128, True),
+    (8, 16, 1024, 64, True),
 ]
+
+
+def load(name: str, source: str):
+    if not source.endswith(".py"):
+        source = importlib.util.find_spec(source).origin
+    spec = importlib.util.spec_from_file_location(name, source)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def variant(text: str):
+    name, source = text.split("=", 1)
+    source, _, flag = source.partition("@")
+    mod = load(f"gluon_ab_{name}", source)
+    if flag == "pingpong":
+        mod.FORWARD_CONFIGS = {d: dataclasses.replace(c, pingpong=True) for d, c in mod.FORWARD_CONFIGS.items()}
+    elif flag:
+        raise SystemExit(f"unknown variant flag {flag!r} (known: pingpong)")
+    return name, mod
+
+
+class Cudnn:
+    """SDPA's cuDNN backend with the module interface the rounds call."""
+
+    @staticmethod
+    def flash_forward(q, k, v, causal):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal), None
+
+    @staticmethod
+    def backward_fn(q, k, v, do, causal):
+        q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--before", required=True)
+    p.add_argument("--variant", action="append", default=[])
     p.add_argument("--out", default="perf-out")
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
-    mods = {"before": importlib.import_module(a.before), "after": importlib.import_module("impl.attention.flash_gluon")}
+    mods = {"now": importlib.import_module("impl.attention.flash_gluon"), **dict(map(variant, a.variant))}
     rows = []
     for b, h, n, d, causal in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(n + d)
         q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
         outs = {name: m.flash_forward(q, k, v, causal) for name, m in mods.items()}
         grads = {name: m.flash_backward(q, k, v, *outs[name], do, causal) for name, m in mods.items()}
-        diff = max((x.float() - y.float()).abs().max().item()
-                   for x, y in zip((outs["before"][0], *grads["before"]), (outs["after"][0], *grads["after"])))
-        times = {(name, pas): [] for name in mods for pas in ("fwd", "bwd")}
+        ref = (outs["now"][0], *grads["now"])
+        diff = {name: max((x.float() - y.float()).abs().max().item() for x, y in zip((outs[name][0], *grads[name]), ref))
+                for name in mods}
+        calls = {}
+        for name, m in mods.items():
+            o, lse = outs[name]
+            calls[(name, "fwd")] = lambda m=m: m.flash_forward(q, k, v, causal)
+            calls[(name, "bwd")] = lambda m=m, o=o, lse=lse: m.flash_backward(q, k, v, o, lse, do, causal)
+        calls[("cudnn", "fwd")] = lambda: Cudnn.flash_forward(q, k, v, causal)
+        calls[("cudnn", "bwd")] = Cudnn.backward_fn(q, k, v, do, causal)
+        times = {key: [] for key in calls}
         for _ in range(a.rounds):
-            for name, m in mods.items():
-                o, lse = outs[name]
-                times[(name, "fwd")].append(triton.testing.do_bench(lambda: m.flash_forward(q, k, v, causal)))
-                times[(name, "bwd")].append(
-                    triton.testing.do_bench(lambda: m.flash_backward(q, k, v, o, lse, do, causal)))
-        row = {"shape": f"B{b} H{h} N{n} d{d} {'causal' if causal else 'full'}", "max_diff_before_after": diff,
+            for key, fn in calls.items():
+                times[key].append(triton.testing.do_bench(fn))
+        row = {"shape": f"B{b} H{h} N{n} d{d} {'causal' if causal else 'full'}", "max_diff_vs_now": diff,
                **{f"{name}_{pas}_ms": statistics.median(t) for (name, pas), t in times.items()}}
         rows.append(row)
         print(json.dumps(row), flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gluon_ab.json").write_text(json.dumps(rows, indent=1))
-    lines = ["| shape | fwd before | fwd after | bwd before | bwd after | max diff |", "|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['shape']} | {r['before_fwd_ms']:.3f} | {r['after_fwd_ms']:.3f} | {r['before_bwd_ms']:.3f} | "
-              f"{r['after_bwd_ms']:.3f} | {r['max_diff_before_after']:.3g} |" for r in rows]
+    names = [*mods, "cudnn"]
+    lines = []
+    for pas in ("fwd", "bwd"):
+        lines += [f"\n{pas} (ms)\n", "| shape | " + " | ".join(names) + " | max diff vs now |",
+                  "|---|" + "---:|" * len(names) + "---|"]
+        lines += [f"| {r['shape']} | " + " | ".join(f"{r[f'{x}_{pas}_ms']:.3f}" for x in names) + " | "
+                  + ", ".join(f"{x} {v:.3g}" for x, v in r["max_diff_vs_now"].items() if x != "now") + " |"
+                  for r in rows]
     (out / "gluon_ab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
