@@ -181,14 +181,11 @@ if GLUON_IMPORT_ERROR is None:
     @gluon.jit
     def _fwd_consumer(q_tile, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
                       o_ptr, lse_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles, qk_scale, sm_scale,
-                      stride_ob, stride_oh, stride_on, lse_row0, turn_mine, turn_other,
+                      stride_ob, stride_oh, stride_on, lse_row0,
                       IS_CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MUTANT: gl.constexpr,
-                      PINGPONG: gl.constexpr, WG: gl.constexpr):
+                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MUTANT: gl.constexpr):
         """One warpgroup's ROWS query rows from q_start, over every key tile of the CTA (each
-        slot's empty barrier counts both consumers' arrivals).  PINGPONG: the two consumers
-        take turns at issuing a tile's two products (mbarriers turn_mine, turn_other; WG 0
-        first), so that one's softmax runs under the other's products."""
+        slot's empty barrier counts both consumers' arrivals)."""
         s_layout: gl.constexpr = _mma_layout(BLOCK_N, 4)
         o_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
         p_layout: gl.constexpr = _operand_a(o_layout)
@@ -215,20 +212,13 @@ if GLUON_IMPORT_ERROR is None:
         for j in range(1, n_tiles):
             slot = j % STAGES
             prev = (j - 1) % STAGES
-            if PINGPONG:  # P in its operand layout before this consumer's turn, not during it
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.wait(k_ready.index(slot), ((j // STAGES) & 1) ^ flip)
-            if PINGPONG:  # turn j - 1 (0-based); a fresh barrier reports parity 1 done, so WG 0 goes first
-                mbarrier.wait(turn_mine, ((j - 1) & 1) ^ (1 - WG))
             s_tok = warpgroup_mma(q_tile, _tile(k_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
             if MUTANT != 1:
                 mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-            if not PINGPONG:
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
             acc = warpgroup_mma(p_op, _tile(v_bufs, prev, BLOCK_N, HEAD_DIM), acc, is_async=True)
-            if PINGPONG:  # both products issued: the other consumer's turn
-                mbarrier.arrive(turn_other, count=1)
             s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j retired; P_{j-1} V_{j-1} may still run
             _release(k_empty, slot)
             p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, j * BLOCK_N, q_start, n_k, qk_scale, IS_CAUSAL,
@@ -265,7 +255,7 @@ if GLUON_IMPORT_ERROR is None:
                           stride_ob, stride_oh, stride_on,
                           IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                          num_warps: gl.constexpr, MUTANT: gl.constexpr, PINGPONG: gl.constexpr):
+                          num_warps: gl.constexpr, MUTANT: gl.constexpr):
         # Two consumer warpgroups (the default partition, num_warps=4, and a 4-warp worker),
         # BLOCK_M // 2 rows each, and the loader warp.
         ROWS: gl.constexpr = BLOCK_M // 2
@@ -297,9 +287,6 @@ if GLUON_IMPORT_ERROR is None:
             mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer warpgroup
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=2)
-        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # read under PINGPONG
-        for i in gl.static_range(2):
-            mbarrier.init(turns.index(i), count=1)
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b_i, h_i, q_start, 0], q_bar, q_smem)
 
@@ -307,12 +294,12 @@ if GLUON_IMPORT_ERROR is None:
         gl.warp_specialize([
             (_fwd_consumer, (q_tile.slice(0, ROWS), q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
                              o_ptr, lse_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles, qk_scale, sm_scale,
-                             stride_ob, stride_oh, stride_on, bh * n_q, turns.index(0), turns.index(1),
-                             IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES, MUTANT, PINGPONG, 0)),
+                             stride_ob, stride_oh, stride_on, bh * n_q,
+                             IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES, MUTANT)),
             (_fwd_consumer, (q_tile.slice(ROWS, ROWS), q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
                              o_ptr, lse_ptr, b_i, h_i, q_start + ROWS, n_q, n_k, n_tiles, qk_scale, sm_scale,
-                             stride_ob, stride_oh, stride_on, bh * n_q, turns.index(1), turns.index(0),
-                             IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES, MUTANT, PINGPONG, 1)),
+                             stride_ob, stride_oh, stride_on, bh * n_q,
+                             IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES, MUTANT)),
             (_load_ring, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
                           b_i, h_i, 0, n_tiles, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
@@ -496,10 +483,12 @@ if GLUON_IMPORT_ERROR is None:
                         _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start - BLOCK_M, BLOCK_M, HEAD_DIM)
             st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
             pt = gl.exp2(st * qk_scale - lse2[None, :])
-            # Masks only on tiles that cross the end of the queries or keys, or the diagonal.
+            # d 64: masks only on tiles that cross the end of the queries or keys, or the
+            # diagonal.  d 128 masks every tile: there the branch costs ptxas registers the
+            # kernel has none of (more spills; 6 to 8 % slower, measured on an H200).
             crosses_end = q_start + BLOCK_M > n_q or key_start + BLOCK_N > n_k
             crosses_diagonal = IS_CAUSAL and key_start + BLOCK_N - 1 > q_start
-            if crosses_end or crosses_diagonal:
+            if HEAD_DIM > 64 or crosses_end or crosses_diagonal:
                 keep = in_q[None, :] & (keys[:, None] < n_k)
                 if IS_CAUSAL:
                     keep = keep & (keys[:, None] <= queries[None, :])
@@ -631,7 +620,6 @@ class GluonConfig:
     num_warps: int = 4
     maxnreg: int = 168
     consumer_regs: int = 240
-    pingpong: bool = False  # the forward's consumers take turns at issuing their products
 
 
 # From perf.tune.gluon_configs on an H200 (perf/results/2026-11-27-h200-gluon-attention/).
@@ -731,8 +719,7 @@ class _ForwardPlan:
             _flash_fwd_kernel, (B * H, triton.cdiv(n_q, cfg.block_m)),
             (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4_strides[:3]),
             dict(IS_CAUSAL=self.is_causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
-                 CONSUMER_REGS=cfg.consumer_regs, MUTANT=mutant, PINGPONG=cfg.pingpong), cfg, q.device,
-            (cfg.block_m, cfg.block_n, cfg.block_n))
+                 CONSUMER_REGS=cfg.consumer_regs, MUTANT=mutant), cfg, q.device, (cfg.block_m, cfg.block_n, cfg.block_n))
 
     def __call__(self, q, k, v):
         q4, k4, v4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v), self.copy))

@@ -3,17 +3,17 @@ backward medians (do_bench, interleaved rounds) at the tracked shapes, and the l
 difference of each version's outputs from the current module's (each is checked against
 float64 by the probe and the laws; this only shows a change computes the same thing).
 
-    PYTHONPATH=. python perf/scripts/gluon_ab.py [--variant NAME=SOURCE[@pingpong] ...] [--out DIR]
+    PYTHONPATH=. python perf/scripts/gluon_ab.py [--variant NAME=SOURCE ...] [--out DIR]
 
 SOURCE is a module name or a path to a copy of flash_gluon.py (an earlier schedule).  The
-current module always runs as ``now``; ``@pingpong`` loads a fresh copy of SOURCE with the
-forward's consumers taking turns (``GluonConfig.pingpong``) at every head dim.
+current module always runs as ``now``.  Each round runs the variants in another order (a
+rotation), and every round's time is kept: a copy of ``now`` as a variant shows how far two
+runs of the same kernel are apart.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import importlib.util
 import json
@@ -46,13 +46,7 @@ def load(name: str, source: str):
 
 def variant(text: str):
     name, source = text.split("=", 1)
-    source, _, flag = source.partition("@")
-    mod = load(f"gluon_ab_{name}", source)
-    if flag == "pingpong":
-        mod.FORWARD_CONFIGS = {d: dataclasses.replace(c, pingpong=True) for d, c in mod.FORWARD_CONFIGS.items()}
-    elif flag:
-        raise SystemExit(f"unknown variant flag {flag!r} (known: pingpong)")
-    return name, mod
+    return name, load(f"gluon_ab_{name}", source)
 
 
 class Cudnn:
@@ -95,11 +89,13 @@ def main():
         calls[("cudnn", "fwd")] = lambda: Cudnn.flash_forward(q, k, v, causal)
         calls[("cudnn", "bwd")] = Cudnn.backward_fn(q, k, v, do, causal)
         times = {key: [] for key in calls}
-        for _ in range(a.rounds):
-            for key, fn in calls.items():
-                times[key].append(triton.testing.do_bench(fn))
+        keys = list(calls)
+        for r in range(a.rounds):
+            for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+                times[key].append(triton.testing.do_bench(calls[key]))
         row = {"shape": f"B{b} H{h} N{n} d{d} {'causal' if causal else 'full'}", "max_diff_vs_now": diff,
-               **{f"{name}_{pas}_ms": statistics.median(t) for (name, pas), t in times.items()}}
+               **{f"{name}_{pas}_ms": statistics.median(t) for (name, pas), t in times.items()},
+               "rounds_ms": {f"{name}_{pas}": t for (name, pas), t in times.items()}}
         rows.append(row)
         print(json.dumps(row), flush=True)
     out = Path(a.out)

@@ -2,19 +2,14 @@
 attention at a handful of shapes (ragged tails, N_q != N_k, causal, both head dims, a
 transposed layout), each kernel under a watchdog so a barrier deadlock reads as such.
 
-    PYTHONPATH=. python perf/scripts/gluon_probe.py [--pingpong] [--no-mutants]
-
-``--pingpong`` runs the forward with its consumers taking turns (``GluonConfig.pingpong``).
+    PYTHONPATH=. python perf/scripts/gluon_probe.py
 """
 
-import argparse
-import dataclasses
 import sys
 import time
 
 import torch
 
-import impl.attention.flash_gluon as flash_gluon
 from impl.attention.flash_gluon import FlashAttentionGluon, MUTANTS, mutant_function
 from impl.attention.reference import attention_reference
 
@@ -46,13 +41,6 @@ SHAPES = [(1, 1, 128, 128, 64, False), (1, 1, 128, 128, 64, True), (2, 3, 256, 2
           (1, 4, 1024, 1024, 64, False)]
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--pingpong", action="store_true")
-    p.add_argument("--no-mutants", action="store_true")
-    a = p.parse_args()
-    if a.pingpong:
-        flash_gluon.FORWARD_CONFIGS = {d: dataclasses.replace(c, pingpong=True)
-                                       for d, c in flash_gluon.FORWARD_CONFIGS.items()}
     bad = 0
     for shape in SHAPES:
         for transposed in (False, True):
@@ -63,7 +51,7 @@ if __name__ == "__main__":
                   + ", ".join(f"{e:.2e}" for e in errs) + f"  ({took:.2f} s)", flush=True)
     errs, _ = case(1, 2, 200, 200, 64, True, dtype=torch.float16)
     print("fp16", errs, flush=True)
-    for name in [] if a.no_mutants else sorted(MUTANTS, key=lambda n: n == "ready_phase_off_by_one"):  # the one that may hang last
+    for name in sorted(MUTANTS, key=lambda n: n == "ready_phase_off_by_one"):  # the one that may hang last
         try:  # a mutant may end in a launch failure (the phase one does): that is its result, not the probe's
             errs, _ = case(2, 4, 1000, 1000, 64, False, fn=mutant_function(name))  # 8 key tiles: past the ring
             print(f"mutant {name}: max|err| O, dQ, dK, dV = " + ", ".join(f"{e:.3g}" for e in errs), flush=True)
