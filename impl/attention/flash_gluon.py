@@ -424,18 +424,15 @@ if GLUON_IMPORT_ERROR is None:
         ], [4, 1], [CONSUMER_REGS, 24])
 
     @gluon.jit
-    def _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start, col, BLOCK_M: gl.constexpr, COLS: gl.constexpr,
-                  WAIT: gl.constexpr):
-        """dQ[q_start : q_start + BLOCK_M, col : col + COLS] += dq (float32, a partial of this
-        warpgroup's): through dq_smem by one TMA reduction.  WAIT: first wait until this
-        thread's earlier reductions have read their buffers (dq_smem among them)."""
-        if WAIT:
-            tma.store_wait(0)
-            gl.thread_barrier()  # ... and every thread of the warpgroup knows it
-        dq_smem.reshape([BLOCK_M, COLS]).store(dq)
+    def _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """dQ[q_start : q_start + BLOCK_M] += dq (float32, this warpgroup's partial): through
+        dq_smem, once the previous reduction has read it, by one TMA reduction."""
+        tma.store_wait(0)  # the issuing thread's previous reduction has read dq_smem ...
+        gl.thread_barrier()  # ... and every thread of the warpgroup knows it
+        dq_smem.reshape([BLOCK_M, HEAD_DIM]).store(dq)
         fence_async_shared()
         gl.thread_barrier()
-        _tma_reduce_add(dqacc_desc, [b_i, h_i, q_start, col], dq_smem)
+        _tma_reduce_add(dqacc_desc, [b_i, h_i, q_start, 0], dq_smem)
 
     @gluon.jit
     def _bwd_dkdv_consumer(k_tile, v_tile, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
@@ -450,10 +447,7 @@ if GLUON_IMPORT_ERROR is None:
         consumer writes its dS^T half into a slot of ds_bufs and arrives on ds_full; the two
         take turns (tile parity) at the product over both halves, which frees the slot
         (ds_free), and at staging its float32 partial through dq_smem into dqacc_desc by a TMA
-        reduction: one product, one partial, one reduction a tile.  d 64: the partial is
-        staged under the next tile's S and dP.  d 128 (SPLIT): a 64 x 128 float32 partial
-        does not fit beside dK and dV; it is formed in two halves of 64 columns, each staged
-        at once (the first while the second's product runs), into dq_smem's two buffers."""
+        reduction: one product, one partial, one reduction a tile."""
         # Transposed scores: rows are this warpgroup's keys, columns a tile of queries.
         st_layout: gl.constexpr = _mma_layout(BLOCK_M, 4)
         kv_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
@@ -465,11 +459,9 @@ if GLUON_IMPORT_ERROR is None:
         st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-        SPLIT: gl.constexpr = HEAD_DIM > 64
-        DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT else HEAD_DIM
         if FUSE_DQ:
-            dq_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, _mma_layout(DQ_COLS, 4))
-            dq = dq_zero  # d 64: tile i - 1's partial, staged under tile i's first products
+            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, kv_layout)
+            dq = dq_zero  # tile i - 1's partial, staged under tile i's first products
         mbarrier.wait(fixed_bar, 0)
         for i in range(n_tiles):
             slot = i % STAGES
@@ -485,11 +477,10 @@ if GLUON_IMPORT_ERROR is None:
             st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             mbarrier.wait(do_ready.index(slot), phase)
             dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-            if FUSE_DQ and not SPLIT:
+            if FUSE_DQ:
                 if i > 0:
                     if (i - 1) % 2 == WG:  # tile i - 1's dQ partial, this consumer's turn (retired there)
-                        _stage_dq(dq, dq_smem.index(0), dqacc_desc, b_i, h_i, q_start - BLOCK_M, 0, BLOCK_M, DQ_COLS,
-                                  True)
+                        _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start - BLOCK_M, BLOCK_M, HEAD_DIM)
             st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
             pt = gl.exp2(st * qk_scale - lse2[None, :])
             # d 64: masks only on tiles that cross the end of the queries or keys, or the
@@ -518,34 +509,16 @@ if GLUON_IMPORT_ERROR is None:
             if FUSE_DQ:
                 if i % 2 == WG:  # this consumer's turn: both halves, all the program's keys
                     mbarrier.wait(ds_full.index(ds_slot), ds_use & 1)
-                    ds_a = ds_bufs.index(ds_slot).permute((1, 0))
-                    if SPLIT:
-                        lo = warpgroup_mma(ds_a, k_full.slice(0, DQ_COLS, dim=1), dq_zero, use_acc=False,
-                                           is_async=True)
-                        hi = warpgroup_mma(ds_a, k_full.slice(DQ_COLS, DQ_COLS, dim=1), dq_zero, use_acc=False,
-                                           is_async=True)
-                        lo = warpgroup_mma_wait(1, deps=(lo, ))  # the first half retired; the second runs
-                        staged = i >= 0
-                        if MUTANT == 4:  # the kept mutant 4 never stages the last tile's partial
-                            staged = i != n_tiles - 1
-                        if staged:
-                            _stage_dq(lo, dq_smem.index(0), dqacc_desc, b_i, h_i, q_start, 0, BLOCK_M, DQ_COLS, True)
-                        hi = warpgroup_mma_wait(0, deps=(hi, ))
-                        _release(ds_free, ds_slot)
-                        if staged:  # its buffer's last reduction was awaited with the first half's
-                            _stage_dq(hi, dq_smem.index(1), dqacc_desc, b_i, h_i, q_start, DQ_COLS, BLOCK_M, DQ_COLS,
-                                      False)
-                    else:
-                        dq_next = warpgroup_mma(ds_a, k_full, dq_zero, use_acc=False, is_async=True)
-                        dq = warpgroup_mma_wait(0, deps=(dq_next, ))
-                        _release(ds_free, ds_slot)
+                    dq_next = warpgroup_mma(ds_bufs.index(ds_slot).permute((1, 0)), k_full, dq_zero, use_acc=False,
+                                            is_async=True)
+                    dq = warpgroup_mma_wait(0, deps=(dq_next,))
+                    _release(ds_free, ds_slot)
             _release(do_empty, slot)
             _release(q_empty, slot)
         if FUSE_DQ:
             # the kept mutant 4 never stages the last tile's partial
-            if not SPLIT and n_tiles > 0 and (n_tiles - 1) % 2 == WG and MUTANT != 4:
-                _stage_dq(dq, dq_smem.index(0), dqacc_desc, b_i, h_i, (first_tile + n_tiles - 1) * BLOCK_M, 0, BLOCK_M,
-                          DQ_COLS, True)
+            if n_tiles > 0 and (n_tiles - 1) % 2 == WG and MUTANT != 4:
+                _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, (first_tile + n_tiles - 1) * BLOCK_M, BLOCK_M, HEAD_DIM)
             tma.store_wait(0)
         rows = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -605,10 +578,8 @@ if GLUON_IMPORT_ERROR is None:
             for i in gl.static_range(2):
                 mbarrier.init(ds_full.index(i), count=2)  # each consumer's half written
                 mbarrier.init(ds_free.index(i), count=1)  # the product over both has retired
-            # each consumer's staging buffers: one at d 64, one a half at d 128
-            HALVES: gl.constexpr = 2 if HEAD_DIM > 64 else 1
-            dq_0 = gl.allocate_shared_memory(gl.float32, [HALVES] + dqacc_desc.block_type.shape, dqacc_desc.layout)
-            dq_1 = gl.allocate_shared_memory(gl.float32, [HALVES] + dqacc_desc.block_type.shape, dqacc_desc.layout)
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dqacc_desc.block_type.shape, dqacc_desc.layout)
+            dq_0, dq_1 = dq_smem.index(0), dq_smem.index(1)
         else:
             ds_bufs, ds_full, ds_free, dq_0, dq_1 = None, None, None, None, None
         gl.warp_specialize([
@@ -655,9 +626,8 @@ class GluonConfig:
 FORWARD_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 128, 2)}
 BACKWARD_DQ_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 64, 2)}
 BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
-# The five-product backward (dQ added by TMA reductions); d 128: two slots, as the shared
-# memory holds (K, V, the ring, two dS^T slots and four 16 KB staging buffers: 224 KB).
-BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
+# The five-product backward (dQ added by TMA reductions): untuned, the dK/dV kernel's tiles.
+BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3)}
 
 # Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
 MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3,
@@ -686,10 +656,10 @@ def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _descriptor(t4: torch.Tensor, block_rows: int, block_cols: int | None = None):
-    """A host TMA descriptor of a (B, H, N, d) tensor in (1, 1, block_rows, block_cols) tiles
-    (default: all d columns); rows past N read as zeros."""
-    block = (1, 1, block_rows, block_cols or t4.shape[-1])
+def _descriptor(t4: torch.Tensor, block_rows: int):
+    """A host TMA descriptor of a (B, H, N, d) tensor in (1, 1, block_rows, d) tiles; rows
+    past N read as zeros."""
+    block = (1, 1, block_rows, t4.shape[-1])
     return TensorDescriptor(t4, list(t4.shape), list(t4.stride()), list(block), _smem_layout(block, t4.dtype))
 
 
@@ -724,10 +694,8 @@ def _key(kind, tensors, is_causal, scale, extra=()):
 
 def _launch(kernel, grid, rest, constexprs, cfg: GluonConfig, device, descriptor_rows: tuple):
     """A Launch whose leading arguments are (B, H, N, d) tensors read through TMA in tiles of
-    ``descriptor_rows`` rows each, or (rows, columns) (the launcher encodes their descriptors,
-    cached by address)."""
-    descriptors = tuple(functools.partial(_descriptor, block_rows=rows[0], block_cols=rows[1]) if isinstance(rows, tuple)
-                        else functools.partial(_descriptor, block_rows=rows) for rows in descriptor_rows)
+    ``descriptor_rows`` rows each (the launcher encodes their descriptors, cached by address)."""
+    descriptors = tuple(functools.partial(_descriptor, block_rows=rows) for rows in descriptor_rows)
     return Launch(kernel, grid, tuple(rest), {**constexprs, "num_warps": cfg.num_warps}, {"maxnreg": cfg.maxnreg},
                   device, descriptors=descriptors)
 
@@ -808,7 +776,7 @@ class _BackwardPlan:
                 (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
                 dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
                      CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=True, MUTANT=mutant), cfg, dev,
-                (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, (cfg.block_m, min(d, 64))))
+                (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
             return
         cfg = self.dq_cfg = BACKWARD_DQ_CONFIGS[d]
         self.dq = _launch(
