@@ -39,9 +39,12 @@ Schedule
     kernel that stores D and zeroes dQ and one that scales and casts it.  The consumers
     write their halves of dS_i^T into one of two shared-memory slots (mbarriers ds_full,
     count 2, and ds_free); they take turns by tile parity at the product over both halves,
-    and the one whose turn it was stages the partial after issuing the next tile's S and dP.  The reductions land in a varying order,
-    so dQ may differ in its last bits between calls; dK and dV are the same bits on every
-    call.  d 128, and any d under torch.use_deterministic_algorithms(True): seven
+    and the one whose turn it was stages the partial after issuing the next tile's S and dP.
+    d 128: five products too, with scores in query rows (S = Q K^T; a row's L and D take a
+    thread 2 registers, not 16); P and dS go through shared memory for the dV and dK
+    products, and each consumer adds half of dQ_i's columns.  The reductions land in a
+    varying order, so dQ may differ in its last bits between calls; dK and dV are the same
+    bits on every call.  Any d under torch.use_deterministic_algorithms(True): seven
     products, deterministic; a dQ kernel (one program per query tile, K_j and V_j from
     the ring) that first stores D, then the dK/dV kernel without dQ.
     Phases: slot s of tile i waits on parity (i // STAGES) & 1; the loader's first pass
@@ -424,15 +427,16 @@ if GLUON_IMPORT_ERROR is None:
         ], [4, 1], [CONSUMER_REGS, 24])
 
     @gluon.jit
-    def _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
-        """dQ[q_start : q_start + BLOCK_M] += dq (float32, this warpgroup's partial): through
-        dq_smem, once the previous reduction has read it, by one TMA reduction."""
+    def _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start, col, BLOCK_M: gl.constexpr, COLS: gl.constexpr):
+        """dQ[q_start : q_start + BLOCK_M, col : col + COLS] += dq (float32, a partial of this
+        warpgroup's): through dq_smem, once the previous reduction has read it, by one TMA
+        reduction."""
         tma.store_wait(0)  # the issuing thread's previous reduction has read dq_smem ...
         gl.thread_barrier()  # ... and every thread of the warpgroup knows it
-        dq_smem.reshape([BLOCK_M, HEAD_DIM]).store(dq)
+        dq_smem.reshape([BLOCK_M, COLS]).store(dq)
         fence_async_shared()
         gl.thread_barrier()
-        _tma_reduce_add(dqacc_desc, [b_i, h_i, q_start, 0], dq_smem)
+        _tma_reduce_add(dqacc_desc, [b_i, h_i, q_start, col], dq_smem)
 
     @gluon.jit
     def _bwd_dkdv_consumer(k_tile, v_tile, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
@@ -480,7 +484,7 @@ if GLUON_IMPORT_ERROR is None:
             if FUSE_DQ:
                 if i > 0:
                     if (i - 1) % 2 == WG:  # tile i - 1's dQ partial, this consumer's turn (retired there)
-                        _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start - BLOCK_M, BLOCK_M, HEAD_DIM)
+                        _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start - BLOCK_M, 0, BLOCK_M, HEAD_DIM)
             st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
             pt = gl.exp2(st * qk_scale - lse2[None, :])
             # d 64: masks only on tiles that cross the end of the queries or keys, or the
@@ -518,7 +522,8 @@ if GLUON_IMPORT_ERROR is None:
         if FUSE_DQ:
             # the kept mutant 4 never stages the last tile's partial
             if n_tiles > 0 and (n_tiles - 1) % 2 == WG and MUTANT != 4:
-                _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, (first_tile + n_tiles - 1) * BLOCK_M, BLOCK_M, HEAD_DIM)
+                _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, (first_tile + n_tiles - 1) * BLOCK_M, 0, BLOCK_M,
+                          HEAD_DIM)
             tma.store_wait(0)
         rows = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -600,6 +605,162 @@ if GLUON_IMPORT_ERROR is None:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
+    @gluon.jit
+    def _bwd_dkdv_rows_consumer(k_tile, v_tile, k_full, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready,
+                                do_empty, dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q,
+                                n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
+                                stride_vb, stride_vh, stride_vn, row0, p_smem, ds_bufs, ds_full, ds_free, dq_smem,
+                                dqacc_desc, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+                                MUTANT: gl.constexpr):
+        """The five-product dK/dV consumer with scores in query rows (S = Q K^T, not K Q^T):
+        one warpgroup's BLOCK_N keys.  A row's L and D take a thread 2 registers, not 16, which
+        d 128 needs beside dK and dV.  P and dS go through shared memory, where the dV and dK
+        products read them transposed; dS fills this consumer's half (its keys) of a slot of
+        ds_bufs, and once both halves are in (ds_full), each consumer forms dQ_i's columns
+        WG * d/2 .. (WG + 1) * d/2 over all the program's keys and adds them into dQ by a TMA
+        reduction; the slot is free once both products have retired (ds_free, count 2)."""
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, 4)  # rows: a tile of queries; columns: this consumer's keys
+        kv_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
+        DQ_COLS: gl.constexpr = HEAD_DIM // 2
+        dq_layout: gl.constexpr = _mma_layout(DQ_COLS, 4)
+        dtype: gl.constexpr = k_tile.dtype
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        keys = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        # dQ's columns of this consumer: K's rows of each consumer's keys, this consumer's columns
+        k_lo = k_full.slice(0, BLOCK_N, dim=0).slice(WG * DQ_COLS, DQ_COLS, dim=1)
+        k_hi = k_full.slice(BLOCK_N, BLOCK_N, dim=0).slice(WG * DQ_COLS, DQ_COLS, dim=1)
+
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        dq_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout)
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+        mbarrier.wait(fixed_bar, 0)
+        for i in range(n_tiles):
+            slot = i % STAGES
+            phase = (i // STAGES) & 1
+            q_start = (first_tile + i) * BLOCK_M
+            queries = q_start + gl.arange(0, BLOCK_M, layout=row_layout)
+            in_q = queries < n_q
+            lse2 = gl.load(lse_ptr + row0 + queries, mask=in_q, other=float("inf")) * 1.4426950408889634
+            delta = gl.load(delta_ptr + row0 + queries, mask=in_q, other=0.0)
+            q_tile = _tile(q_bufs, slot, BLOCK_M, HEAD_DIM)
+            do_tile = _tile(do_bufs, slot, BLOCK_M, HEAD_DIM)
+            mbarrier.wait(q_ready.index(slot), phase)
+            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(do_ready.index(slot), phase)
+            dp = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s, dp = warpgroup_mma_wait(0, deps=(s, dp))
+            p = gl.exp2(s * qk_scale - lse2[:, None])
+            crosses_end = q_start + BLOCK_M > n_q or key_start + BLOCK_N > n_k
+            crosses_diagonal = IS_CAUSAL and key_start + BLOCK_N - 1 > q_start
+            if crosses_end or crosses_diagonal:
+                keep = in_q[:, None] & (keys[None, :] < n_k)
+                if IS_CAUSAL:
+                    keep = keep & (keys[None, :] <= queries[:, None])
+                p = gl.where(keep, p, 0.0)
+            ds = (p * (dp - delta[:, None])).to(dtype)
+            ds_slot = i % 2
+            ds_use = i // 2
+            ds_mine = ds_bufs.index(2 * ds_slot + WG)
+            p_smem.store(p.to(dtype))  # the last tile's dV product, its reader, has retired
+            mbarrier.wait(ds_free.index(ds_slot), (ds_use & 1) ^ 1)  # tile i - 2's dQ products have read it
+            ds_mine.store(ds)
+            fence_async_shared()
+            _release(ds_full, ds_slot)  # also: every thread's P and dS are in before the products below
+            dv = warpgroup_mma(p_smem.permute((1, 0)), do_tile, dv, is_async=True)
+            dk = warpgroup_mma(ds_mine.permute((1, 0)), q_tile, dk, is_async=True)
+            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+            _release(do_empty, slot)
+            _release(q_empty, slot)
+            mbarrier.wait(ds_full.index(ds_slot), ds_use & 1)  # the other consumer's half is in
+            dq = warpgroup_mma(ds_bufs.index(2 * ds_slot), k_lo, dq_zero, use_acc=False, is_async=True)
+            dq = warpgroup_mma(ds_bufs.index(2 * ds_slot + 1), k_hi, dq, is_async=True)
+            dq = warpgroup_mma_wait(0, deps=(dq, ))
+            _release(ds_free, ds_slot)
+            if MUTANT != 4 or i < n_tiles - 1:  # the kept mutant 4 never adds the last tile's partial
+                _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start, WG * DQ_COLS, BLOCK_M, DQ_COLS)
+        tma.store_wait(0)
+        rows = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        in_rows = (rows < n_k)[:, None]
+        gl.store(dk_ptr + b_i * stride_kb + h_i * stride_kh + rows[:, None] * stride_kn + cols[None, :],
+                 (dk * sm_scale).to(dtype), mask=in_rows)
+        gl.store(dv_ptr + b_i * stride_vb + h_i * stride_vh + rows[:, None] * stride_vn + cols[None, :],
+                 dv.to(dtype), mask=in_rows)
+
+    @gluon.jit
+    def _flash_bwd_dkdv_rows_kernel(k_desc, v_desc, q_desc, do_desc, dqacc_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
+                                    H, n_q, n_k, qk_scale, sm_scale,
+                                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                                    IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                    HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                    MUTANT: gl.constexpr, num_warps: gl.constexpr):
+        # The five-product backward with scores in query rows (_bwd_dkdv_rows_consumer): two
+        # consumers of BLOCK_N // 2 keys each, the loader warp feeding Q_i and dO_i.
+        KEYS: gl.constexpr = BLOCK_N // 2
+        bh = gl.program_id(0)
+        b_i = bh // H
+        h_i = bh % H
+        key_start = gl.program_id(1) * BLOCK_N
+        n_q_tiles = gl.cdiv(n_q, BLOCK_M)
+        first_tile = 0
+        if IS_CAUSAL:  # queries before key_start see none of these keys
+            first_tile = gl.minimum(key_start // BLOCK_M, n_q_tiles)
+        n_tiles = n_q_tiles - first_tile
+
+        dtype: gl.constexpr = k_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+        q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+        do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        fixed_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(fixed_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=2)  # one arrival from each consumer warpgroup
+            mbarrier.init(do_ready.index(i), count=1)
+            mbarrier.init(do_empty.index(i), count=2)
+        # P of each consumer; dS in two slots of two halves (one a consumer); dQ's staging buffers
+        pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KEYS], dtype)
+        p_0 = gl.allocate_shared_memory(dtype, [BLOCK_M, KEYS], pds_layout)
+        p_1 = gl.allocate_shared_memory(dtype, [BLOCK_M, KEYS], pds_layout)
+        ds_bufs = gl.allocate_shared_memory(dtype, [4, BLOCK_M, KEYS], pds_layout)
+        ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(ds_full.index(i), count=2)  # each consumer's half written
+            mbarrier.init(ds_free.index(i), count=2)  # each consumer's dQ product has read both
+        dq_0 = gl.allocate_shared_memory(gl.float32, dqacc_desc.block_type.shape, dqacc_desc.layout)
+        dq_1 = gl.allocate_shared_memory(gl.float32, dqacc_desc.block_type.shape, dqacc_desc.layout)
+        mbarrier.expect(fixed_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b_i, h_i, key_start, 0], fixed_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [b_i, h_i, key_start, 0], fixed_bar, v_smem)
+
+        k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
+        v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+        gl.warp_specialize([
+            (_bwd_dkdv_rows_consumer, (k_tile.slice(0, KEYS), v_tile.slice(0, KEYS), k_tile, fixed_bar,
+                                       q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                                       dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k,
+                                       n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
+                                       stride_vb, stride_vh, stride_vn, bh * n_q, p_0, ds_bufs, ds_full, ds_free,
+                                       dq_0, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, 0, MUTANT)),
+            (_bwd_dkdv_rows_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), k_tile, fixed_bar,
+                                       q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                                       dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start + KEYS, first_tile,
+                                       n_q, n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
+                                       stride_vb, stride_vh, stride_vn, bh * n_q, p_1, ds_bufs, ds_full, ds_free,
+                                       dq_1, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, 1, MUTANT)),
+            (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                          b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
 # ---------------------------------------------------------------------------------------
 # Host side
 # ---------------------------------------------------------------------------------------
@@ -626,8 +787,9 @@ class GluonConfig:
 FORWARD_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 128, 2)}
 BACKWARD_DQ_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 64, 2)}
 BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
-# The five-product backward (dQ added by TMA reductions): untuned, the dK/dV kernel's tiles.
-BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3)}
+# The five-product backward (dQ added by TMA reductions): untuned, the dK/dV kernel's tiles;
+# d 128 runs the query-row form (_flash_bwd_dkdv_rows_kernel), two slots as its shared memory holds.
+BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
 
 # Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
 MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3,
@@ -656,10 +818,10 @@ def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _descriptor(t4: torch.Tensor, block_rows: int):
-    """A host TMA descriptor of a (B, H, N, d) tensor in (1, 1, block_rows, d) tiles; rows
-    past N read as zeros."""
-    block = (1, 1, block_rows, t4.shape[-1])
+def _descriptor(t4: torch.Tensor, block_rows: int, block_cols: int | None = None):
+    """A host TMA descriptor of a (B, H, N, d) tensor in (1, 1, block_rows, block_cols) tiles
+    (default: all d columns); rows past N read as zeros."""
+    block = (1, 1, block_rows, block_cols or t4.shape[-1])
     return TensorDescriptor(t4, list(t4.shape), list(t4.stride()), list(block), _smem_layout(block, t4.dtype))
 
 
@@ -694,8 +856,10 @@ def _key(kind, tensors, is_causal, scale, extra=()):
 
 def _launch(kernel, grid, rest, constexprs, cfg: GluonConfig, device, descriptor_rows: tuple):
     """A Launch whose leading arguments are (B, H, N, d) tensors read through TMA in tiles of
-    ``descriptor_rows`` rows each (the launcher encodes their descriptors, cached by address)."""
-    descriptors = tuple(functools.partial(_descriptor, block_rows=rows) for rows in descriptor_rows)
+    ``descriptor_rows`` rows each, or of (rows, columns) (the launcher encodes their
+    descriptors, cached by address)."""
+    descriptors = tuple(functools.partial(_descriptor, block_rows=rows[0], block_cols=rows[1]) if isinstance(rows, tuple)
+                        else functools.partial(_descriptor, block_rows=rows) for rows in descriptor_rows)
     return Launch(kernel, grid, tuple(rest), {**constexprs, "num_warps": cfg.num_warps}, {"maxnreg": cfg.maxnreg},
                   device, descriptors=descriptors)
 
@@ -771,12 +935,16 @@ class _BackwardPlan:
             self.convert = Launch(_flash_bwd_dq_convert_kernel, (n_p * B * H,), (*dq4s, H, n_q, n_p, self.scale),
                                   small, _options(dev, 4, 1), dev)
             self.dq_acc_shape = (B, H, n_q, d)
-            self.dkdv = _launch(
-                _flash_bwd_dkdv_kernel, (B * H, triton.cdiv(n_k, cfg.block_n)),
-                (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
-                dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
-                     CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=True, MUTANT=mutant), cfg, dev,
-                (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
+            tiles = dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
+                         CONSUMER_REGS=cfg.consumer_regs, MUTANT=mutant)
+            rest = (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3])
+            grid = (B * H, triton.cdiv(n_k, cfg.block_n))
+            if d > 64:  # scores in query rows; each consumer adds half of dQ's columns
+                self.dkdv = _launch(_flash_bwd_dkdv_rows_kernel, grid, rest, tiles, cfg, dev,
+                                    (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, (cfg.block_m, d // 2)))
+            else:
+                self.dkdv = _launch(_flash_bwd_dkdv_kernel, grid, rest, {**tiles, "FUSE_DQ": True}, cfg, dev,
+                                    (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
             return
         cfg = self.dq_cfg = BACKWARD_DQ_CONFIGS[d]
         self.dq = _launch(

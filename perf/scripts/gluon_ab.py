@@ -3,7 +3,7 @@ backward medians (do_bench, interleaved rounds) at the tracked shapes, and the l
 difference of each version's outputs from the current module's (each is checked against
 float64 by the probe and the laws; this only shows a change computes the same thing).
 
-    PYTHONPATH=. python perf/scripts/gluon_ab.py [--variant NAME=SOURCE ...] [--out DIR]
+    PYTHONPATH=. python perf/scripts/gluon_ab.py [--variant NAME=SOURCE ...] [--dims 64 128] [--out DIR]
 
 SOURCE is a module name or a path to a copy of flash_gluon.py (an earlier schedule).  The
 current module always runs as ``now``.  Each round runs the variants in another order (a
@@ -70,10 +70,11 @@ def main():
     p.add_argument("--variant", action="append", default=[])
     p.add_argument("--out", default="perf-out")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dims", type=int, nargs="+", default=[64, 128], help="only the shapes of these head dims")
     a = p.parse_args()
     mods = {"now": importlib.import_module("impl.attention.flash_gluon"), **dict(map(variant, a.variant))}
     rows = []
-    for b, h, n, d, causal in SHAPES:
+    for b, h, n, d, causal in (shape for shape in SHAPES if shape[3] in a.dims):
         g = torch.Generator(device="cuda").manual_seed(n + d)
         q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
         outs = {name: m.flash_forward(q, k, v, causal) for name, m in mods.items()}
