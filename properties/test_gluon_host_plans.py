@@ -32,11 +32,11 @@ DESCRIPTOR_ROWS = {
 }
 
 
-def _plan_of(d):
+def _plan_of(d, causal):
     """(the Gluon kernels a forward + backward launches, in order; their configs; whether the
     dK/dV kernel adds dQ): five products where the table has them, outside deterministic mode
     (the Triton flavour's preprocess and convert kernels around it are not Gluon's)."""
-    if d in fg.BACKWARD_FUSED_CONFIGS and not torch.are_deterministic_algorithms_enabled():
+    if d in fg.BACKWARD_FUSED_CONFIGS and not torch.are_deterministic_algorithms_enabled() and (d == 64 or causal):
         dkdv = "_flash_bwd_dkdv_rows_kernel" if d > 64 else "_flash_bwd_dkdv_kernel"  # d 128: scores in query rows
         return (("_flash_fwd_kernel", dkdv), {"_flash_fwd_kernel": fg.FORWARD_CONFIGS[d], dkdv: fg.BACKWARD_FUSED_CONFIGS[d]},
                 True)
@@ -95,6 +95,7 @@ def deterministic(request):
     ((1, 2, 300, 128), 77, False, True),
     ((129, 64), 129, True, False),
     ((2, 2, 3, 65, 128), 200, False, False),
+    ((2, 77, 128), 90, True, False),
 ])
 def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, deterministic, shape_q, n_k, causal,
                                                                   transposed):
@@ -107,8 +108,8 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
     d = q.shape[-1]
     q4 = fg.as_4d(q)
     bh, n_q = q4.shape[0] * q4.shape[1], q4.shape[2]
-    kernels, tables, fused = _plan_of(d)
-    assert fused == (not deterministic)  # five products at both head dims outside deterministic mode
+    kernels, tables, fused = _plan_of(d, causal)
+    assert fused == (not deterministic and (d == 64 or causal))  # five products: d 64, and d 128 causal
     assert [c[0] for c in launches] == list(kernels)
     for name, grid, args, options in launches:
         cfg = tables[name]

@@ -40,11 +40,11 @@ Schedule
     write their halves of dS_i^T into one of two shared-memory slots (mbarriers ds_full,
     count 2, and ds_free); they take turns by tile parity at the product over both halves,
     and the one whose turn it was stages the partial after issuing the next tile's S and dP.
-    d 128: five products too, with scores in query rows (S = Q K^T; a row's L and D take a
+    d 128, causal: five products too, with scores in query rows (S = Q K^T; a row's L and D take a
     thread 2 registers, not 16); P and dS go through shared memory for the dV and dK
     products, and each consumer adds half of dQ_i's columns.  The reductions land in a
     varying order, so dQ may differ in its last bits between calls; dK and dV are the same
-    bits on every call.  Any d under torch.use_deterministic_algorithms(True): seven
+    bits on every call.  d 128 full, and any d under torch.use_deterministic_algorithms(True): seven
     products, deterministic; a dQ kernel (one program per query tile, K_j and V_j from
     the ring) that first stores D, then the dK/dV kernel without dQ.
     Phases: slot s of tile i waits on parity (i // STAGES) & 1; the loader's first pass
@@ -788,7 +788,8 @@ FORWARD_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 128, 2)}
 BACKWARD_DQ_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 64, 2)}
 BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
 # The five-product backward (dQ added by TMA reductions): untuned, the dK/dV kernel's tiles;
-# d 128 runs the query-row form (_flash_bwd_dkdv_rows_kernel), two slots as its shared memory holds.
+# d 128 runs the query-row form (_flash_bwd_dkdv_rows_kernel), two slots as its shared memory
+# holds, and only when causal (_BackwardPlan).
 BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
 
 # Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
@@ -921,7 +922,11 @@ class _BackwardPlan:
         dq4s, dk4s, dv4s = (as_4d(torch.empty_strided(t.shape, s, device="meta")).stride()
                             for t, s in zip((q, k, v), self.strides))
         causal = bool(is_causal)
-        self.fused = d in BACKWARD_FUSED_CONFIGS and not torch.are_deterministic_algorithms_enabled()
+        # d 128 full stays at seven products: there the query-row form's staging of dQ is
+        # exposed (3.69 against 3.48 ms at B4 H16 N4096 on an H200); causal, five win (3.18
+        # against 3.49 at B2 H16 N8192), its masks on crossing tiles only.
+        self.fused = (d in BACKWARD_FUSED_CONFIGS and not torch.are_deterministic_algorithms_enabled()
+                      and (d == 64 or causal))
         if self.fused:
             from impl.attention.flash_triton import (_flash_bwd_dq_convert_kernel, _flash_bwd_preprocess_kernel,
                                                      _options)
