@@ -40,13 +40,13 @@ Schedule
     write their halves of dS_i^T into one of two shared-memory slots (mbarriers ds_full,
     count 2, and ds_free); they take turns by tile parity at the product over both halves,
     and the one whose turn it was stages the partial after issuing the next tile's S and dP.
-    d 128, causal: five products too, with scores in query rows (S = Q K^T; a row's L and D take a
-    thread 2 registers, not 16); P and dS go through shared memory for the dV and dK
-    products, and each consumer adds half of dQ_i's columns.  The reductions land in a
+    d 128, causal: five products too, with scores in query rows (S = Q K^T; a row's L and
+    D take a thread 2 registers, not 16); P and dS go through shared memory for the dV and
+    dK products, and each consumer adds half of dQ_i's columns.  The reductions land in a
     varying order, so dQ may differ in its last bits between calls; dK and dV are the same
-    bits on every call.  d 128 full, and any d under torch.use_deterministic_algorithms(True): seven
-    products, deterministic; a dQ kernel (one program per query tile, K_j and V_j from
-    the ring) that first stores D, then the dK/dV kernel without dQ.
+    bits on every call.  d 128 full, and any d under torch.use_deterministic_algorithms(True):
+    seven products, deterministic; a dQ kernel (one program per query tile, K_j and V_j
+    from the ring) that first stores D, then the dK/dV kernel without dQ.
     Phases: slot s of tile i waits on parity (i // STAGES) & 1; the loader's first pass
     waits on parity 1 of the empty barrier, which a fresh mbarrier reports complete.
 """
