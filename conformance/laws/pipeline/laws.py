@@ -47,21 +47,23 @@ def _bitwise(subject, case):
     checks.check_schedules_agree_to_the_bit(subject, case)
 
 
-def _subgroup(subject, case):
-    """Stages on a group of ranks that are not 0..p-1 (stage i on group rank i) give the
-    dense model's gradients under AFAB and 1F1B."""
+def _needs_a_group_of_other_ranks(case):
     if case.world_size < 3:
         raise NeedsHardware("needs 3 ranks: a group whose group ranks differ from its members' global ranks "
                             "leaves out a rank of the world")
+
+
+def _subgroup(subject, case):
+    """Stages on a group of ranks that are not 0..p-1 (stage i on group rank i) give the
+    dense model's gradients under AFAB and 1F1B."""
+    _needs_a_group_of_other_ranks(case)
     checks.check_parity(subject, case)
 
 
 def _subgroup_hang(subject, case):
     """A pipeline over a group of ranks that are not 0..p-1: its point-to-point calls, played
     under NCCL's rules, complete under AFAB and 1F1B."""
-    if case.world_size < 3:
-        raise NeedsHardware("needs 3 ranks: a group whose group ranks differ from its members' global ranks "
-                            "leaves out a rank of the world")
+    _needs_a_group_of_other_ranks(case)
     checks.check_no_nccl_hang(subject, case)
 
 

@@ -1,0 +1,854 @@
+"""FlashAttention forward and backward for Hopper in Gluon: TMA loads by a loader warp,
+asynchronous warp-group MMA, the softmax of one key tile overlapped with the P V product
+of the one before (the schedule of FlashAttention-3, Shah et al. 2024, section 3.2).
+
+Contract
+    FlashAttentionGluon.apply(q, k, v, is_causal=False, scale=None) -> O
+    q: (..., N_q, d), k and v: (..., N_k, d), equal leading dims (merged into two levels,
+    batch and head, as the Triton flavour does).  N_q, N_k >= 1, any lengths, N_q != N_k
+    allowed: TMA fills the rows past a head's end with zeros and the last key tile is
+    masked, so ragged tails need no padding.  Head dim d 64 or 128.  dtypes float16 and
+    bfloat16 (products accumulate in float32; P and dS are cast to the input dtype for
+    their products; softmax statistics are float32).  A CUDA device of compute capability
+    9.x (Hopper): wgmma, TMA and warp specialisation exist nowhere else; anything else is a
+    clear error before any kernel runs (``GluonUnavailable`` on a machine without one).
+    is_causal: query i sees keys j <= i, top-left aligned (absolute indices, as the other
+    flavours).  scale: softmax scale, default 1/sqrt(d).
+    Strides: TMA reads q, k, v in place when the head dim is contiguous and every other
+    stride and the base are multiples of 16 bytes; otherwise the input is copied once.
+    Returns O in the input dtype, dense in q's memory order (as the Triton flavour).
+    Saved for backward: q, k, v, O and L = logsumexp of the scaled scores (natural log,
+    float32, shape q.shape[:-1], contiguous), the only saved tensor of that shape.
+
+Schedule
+    Every kernel: one program per tile, split between two consumer warpgroups (the default
+    partition and a 4-warp worker, each its own half of the tile's rows), and a one-warp
+    loader partition that issues TMA loads into a STAGES-deep ring of shared-memory slots.
+    Each slot has a "ready" mbarrier (TMA completes it) and an "empty" one that counts an
+    arrival from each consumer once its MMAs that read the slot have retired; a consumer
+    syncs only its own 128 threads, so the two drift and one's softmax overlaps the other's
+    products.
+    Forward: one program per (128-row query tile, batch-head), 64 rows a consumer.  Per key
+    tile j a consumer issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, both asynchronous;
+    waits for S_j alone, frees K_j's slot, runs the softmax of tile j while the P V product
+    is in flight, then waits for it, frees V's slot and rescales O by exp(m_{j-1} - m_j).
+    Backward: a dK/dV kernel (one program per key tile, 64 keys a consumer, Q_i and dO_i
+    from the ring) that reads D_i = rowsum(dO_i * O_i) and L; P = exp(S - L) is recomputed
+    and N_q x N_k is never stored.  d 64: five products a tile; the dK/dV kernel also
+    forms dS_i K over its keys and adds it into a float32 dQ by a TMA reduction, between a
+    kernel that stores D and zeroes dQ and one that scales and casts it.  The consumers
+    write their halves of dS_i^T into one of two shared-memory slots (mbarriers ds_full,
+    count 2, and ds_free); they take turns by tile parity at the product over both halves,
+    and the one whose turn it was stages the partial after issuing the next tile's S and dP.  The reductions land in a varying order,
+    so dQ may differ in its last bits between calls; dK and dV are the same bits on every
+    call.  d 128, and any d under torch.use_deterministic_algorithms(True): seven
+    products, deterministic; a dQ kernel (one program per query tile, K_j and V_j from
+    the ring) that first stores D, then the dK/dV kernel without dQ.
+    Phases: slot s of tile i waits on parity (i // STAGES) & 1; the loader's first pass
+    waits on parity 1 of the empty barrier, which a fresh mbarrier reports complete.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from impl.attention.host_plans import PlanCache, as_4d, dense_strides_like, signature
+from impl.attention.triton_launch import Launch
+from impl.attention.validation import validate_attention_inputs
+
+try:  # Gluon ships with Triton >= 3.4; the Hopper modules need nothing of the machine to import
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    GLUON_IMPORT_ERROR = None
+except ImportError as exc:  # pragma: no cover - older Triton
+    GLUON_IMPORT_ERROR = exc
+
+GLUON_DTYPES = (torch.float16, torch.bfloat16)
+GLUON_HEAD_DIMS = (64, 128)
+LOG2E = 1.4426950408889634
+
+
+class GluonUnavailable(RuntimeError):
+    """This machine cannot run the Gluon flavour (no Hopper GPU, or no Gluon in Triton)."""
+
+
+def hopper_reason(device: torch.device | None = None) -> str | None:
+    """Why the Gluon kernels cannot run on ``device`` (default: the current CUDA device), or None."""
+    if GLUON_IMPORT_ERROR is not None:
+        return f"this Triton ({triton.__version__}) has no Gluon Hopper modules: {GLUON_IMPORT_ERROR}"
+    if not torch.cuda.is_available():
+        return "the Gluon flavour needs a Hopper GPU (compute capability 9.x); this machine has no CUDA device"
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    if major != 9:
+        name = torch.cuda.get_device_name(index)
+        return (f"the Gluon flavour needs a Hopper GPU (compute capability 9.x); cuda:{index} is {name} "
+                f"(compute capability {major}.{minor})")
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------
+
+if GLUON_IMPORT_ERROR is None:
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental.gluon.language._core import builtin as _builtin
+
+    @_builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """global[tile at coord] += src (shared memory), one bulk TMA reduction done in L2
+        (cp.reduce.async.bulk.tensor): Gluon 3.6's builder has the op, its tma module no
+        wrapper.  Completion is awaited like a TMA store's (``tma.store_wait``)."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+    @gluon.constexpr_function
+    def _mma_layout(n, num_warps):
+        """wgmma accumulator layout: warps stacked along M (16 rows each), n columns an instruction."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+    @gluon.constexpr_function
+    def _operand_a(parent):
+        """Register layout of a 16-bit A operand of a wgmma whose accumulator has ``parent``."""
+        return gl.DotOperandLayout(operand_index=0, parent=parent, k_width=2)
+
+    @gluon.jit
+    def _tile(bufs, slot, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """Slot ``slot`` of a ring of (1, 1, BLOCK, HEAD_DIM) TMA tiles, seen as a matrix."""
+        return bufs.index(slot).reshape([BLOCK, HEAD_DIM])
+
+    @gluon.jit
+    def _release(empty_bars, slot):
+        """This consumer's warps are all past the wait of the MMAs that read the slot: hand it
+        back (one thread arrives for the warpgroup; the barrier is the partition's own, its
+        128 threads; the slot is free once both consumers have arrived)."""
+        gl.thread_barrier()
+        mbarrier.arrive(empty_bars.index(slot), count=1)
+
+    @gluon.jit
+    def _load_ring(a_desc, b_desc, a_bufs, b_bufs, a_ready, a_empty, b_ready, b_empty,
+                   b_i, h_i, first_tile, n_tiles, BLOCK: gl.constexpr, STAGES: gl.constexpr):
+        """The loader warp: tiles first_tile .. first_tile + n_tiles - 1 of A and B, in order."""
+        for i in range(n_tiles):
+            slot = i % STAGES
+            phase = (i // STAGES) & 1
+            row = (first_tile + i) * BLOCK
+            mbarrier.wait(a_empty.index(slot), phase ^ 1)
+            mbarrier.expect(a_ready.index(slot), a_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [b_i, h_i, row, 0], a_ready.index(slot), a_bufs.index(slot))
+            mbarrier.wait(b_empty.index(slot), phase ^ 1)
+            mbarrier.expect(b_ready.index(slot), b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(b_desc, [b_i, h_i, row, 0], b_ready.index(slot), b_bufs.index(slot))
+
+    @gluon.jit
+    def _online_softmax(s, m_i, l_i, key_start, q_start, n_k, qk_scale,
+                        IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        s_layout: gl.constexpr, SKIP_RESCALE: gl.constexpr):
+        """One key tile of the online softmax (raw-score units for m; exp2 with scale*log2 e).
+        Masks only tiles that cross the end of the keys or the causal diagonal."""
+        crosses_end = key_start + BLOCK_N > n_k
+        crosses_diagonal = IS_CAUSAL and key_start + BLOCK_N - 1 > q_start
+        if crosses_end or crosses_diagonal:
+            cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            rows = q_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            keep = cols[None, :] < n_k
+            if IS_CAUSAL:
+                keep = keep & (cols[None, :] <= rows[:, None])
+            s = gl.where(keep, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        if SKIP_RESCALE:  # a kept mutant: the running output is not rescaled when the max moves
+            alpha = gl.full_like(m_new, 1.0)
+        else:
+            alpha = gl.exp2((m_i - m_new) * qk_scale)
+        p = gl.exp2(s * qk_scale - (m_new * qk_scale)[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        return p, m_new, l_i, alpha
+
+    @gluon.jit
+    def _fwd_consumer(q_tile, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                      o_ptr, lse_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles, qk_scale, sm_scale,
+                      stride_ob, stride_oh, stride_on, lse_row0,
+                      IS_CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MUTANT: gl.constexpr):
+        """One warpgroup's ROWS query rows from q_start, over every key tile of the CTA (each
+        slot's empty barrier counts both consumers' arrivals)."""
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, 4)
+        o_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
+        p_layout: gl.constexpr = _operand_a(o_layout)
+        dtype: gl.constexpr = q_tile.dtype
+        s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+
+        # The kept mutant 2 waits on the wrong parity: a fresh barrier reports it complete at once.
+        flip: gl.constexpr = 1 if MUTANT == 2 else 0
+        mbarrier.wait(q_bar, 0)
+        # Tile 0: its scores and softmax, no product in flight yet.
+        mbarrier.wait(k_ready.index(0), 0 ^ flip)
+        s = warpgroup_mma(q_tile, _tile(k_bufs, 0, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
+                          use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        _release(k_empty, 0)
+        p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, 0, q_start, n_k, qk_scale, IS_CAUSAL, ROWS,
+                                             BLOCK_N, s_layout, MUTANT == 3)
+        if MUTANT == 1:
+            mbarrier.wait(v_ready.index(0), 0)
+            _release(v_empty, 0)
+        for j in range(1, n_tiles):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(slot), ((j // STAGES) & 1) ^ flip)
+            s_tok = warpgroup_mma(q_tile, _tile(k_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            if MUTANT != 1:
+                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc = warpgroup_mma(p_op, _tile(v_bufs, prev, BLOCK_N, HEAD_DIM), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j retired; P_{j-1} V_{j-1} may still run
+            _release(k_empty, slot)
+            p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, j * BLOCK_N, q_start, n_k, qk_scale, IS_CAUSAL,
+                                                 ROWS, BLOCK_N, s_layout, MUTANT == 3)
+            if MUTANT == 1:  # the kept mutant 1 hands V_j's slot back as soon as V_j lands, a product early
+                mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
+                _release(v_empty, slot)
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            if MUTANT != 1:
+                _release(v_empty, prev)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        last = (n_tiles - 1) % STAGES
+        if MUTANT != 1:
+            mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = warpgroup_mma(p_op, _tile(v_bufs, last, BLOCK_N, HEAD_DIM), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+        if MUTANT != 1:
+            _release(v_empty, last)
+
+        # O = acc / l; L = m * scale + ln l (natural log, per query row).
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+        out = (acc / l_o[:, None]).to(dtype)
+        rows = q_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_base = o_ptr + b_i * stride_ob + h_i * stride_oh
+        gl.store(o_base + rows[:, None] * stride_on + cols[None, :], out, mask=(rows < n_q)[:, None])
+        lse_rows = q_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+        lse = m_i * sm_scale + gl.log(l_i)
+        gl.store(lse_ptr + lse_row0 + lse_rows, lse, mask=lse_rows < n_q)
+
+    @gluon.jit
+    def _flash_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, H, n_q, n_k, qk_scale, sm_scale,
+                          stride_ob, stride_oh, stride_on,
+                          IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                          num_warps: gl.constexpr, MUTANT: gl.constexpr):
+        # Two consumer warpgroups (the default partition, num_warps=4, and a 4-warp worker),
+        # BLOCK_M // 2 rows each, and the loader warp.
+        ROWS: gl.constexpr = BLOCK_M // 2
+        bh = gl.program_id(0)
+        n_m_tiles = gl.num_programs(1)
+        m_tile = gl.program_id(1)
+        if IS_CAUSAL:  # the tiles with the most keys first, so the last wave is short ones
+            m_tile = n_m_tiles - 1 - m_tile
+        b_i = bh // H
+        h_i = bh % H
+        q_start = m_tile * BLOCK_M
+        if IS_CAUSAL:
+            n_tiles = gl.cdiv(gl.minimum(n_k, q_start + BLOCK_M), BLOCK_N)
+        else:
+            n_tiles = gl.cdiv(n_k, BLOCK_N)
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer warpgroup
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b_i, h_i, q_start, 0], q_bar, q_smem)
+
+        q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
+        gl.warp_specialize([
+            (_fwd_consumer, (q_tile.slice(0, ROWS), q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                             o_ptr, lse_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles, qk_scale, sm_scale,
+                             stride_ob, stride_oh, stride_on, bh * n_q,
+                             IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES, MUTANT)),
+            (_fwd_consumer, (q_tile.slice(ROWS, ROWS), q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                             o_ptr, lse_ptr, b_i, h_i, q_start + ROWS, n_q, n_k, n_tiles, qk_scale, sm_scale,
+                             stride_ob, stride_oh, stride_on, bh * n_q,
+                             IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES, MUTANT)),
+            (_load_ring, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                          b_i, h_i, 0, n_tiles, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+    @gluon.jit
+    def _bwd_dq_consumer(q_tile, do_tile, fixed_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                         o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles,
+                         qk_scale, sm_scale, stride_ob, stride_oh, stride_on, stride_gb, stride_gh, stride_gn,
+                         stride_qb, stride_qh, stride_qn, row0,
+                         IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """One warpgroup's BLOCK_M query rows from q_start (half of the program's)."""
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, 4)
+        o_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
+        ds_layout: gl.constexpr = _operand_a(o_layout)
+        dtype: gl.constexpr = q_tile.dtype
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+        # D_i = rowsum(dO_i * O_i), float32, stored for the dK/dV kernel.
+        rows_o = q_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        in_rows = (rows_o < n_q)[:, None]
+        o = gl.load(o_ptr + b_i * stride_ob + h_i * stride_oh + rows_o[:, None] * stride_on + cols_o[None, :],
+                    mask=in_rows, other=0.0)
+        do = gl.load(do_ptr + b_i * stride_gb + h_i * stride_gh + rows_o[:, None] * stride_gn + cols_o[None, :],
+                     mask=in_rows, other=0.0)
+        delta_o = gl.sum(o.to(gl.float32) * do.to(gl.float32), axis=1)
+        gl.store(delta_ptr + row0 + rows_o, delta_o, mask=rows_o < n_q)
+        delta = gl.convert_layout(delta_o, row_layout)
+        rows = q_start + gl.arange(0, BLOCK_M, layout=row_layout)
+        lse2 = gl.load(lse_ptr + row0 + rows, mask=rows < n_q, other=float("inf")) * 1.4426950408889634
+
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        mbarrier.wait(fixed_bar, 0)
+        for j in range(n_tiles):
+            slot = j % STAGES
+            phase = (j // STAGES) & 1
+            k_tile = _tile(k_bufs, slot, BLOCK_N, HEAD_DIM)
+            mbarrier.wait(k_ready.index(slot), phase)
+            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(slot), phase)
+            dp = warpgroup_mma(do_tile, _tile(v_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
+                               use_acc=False, is_async=True)
+            s, dp = warpgroup_mma_wait(0, deps=(s, dp))
+            _release(v_empty, slot)
+            p = gl.exp2(s * qk_scale - lse2[:, None])
+            key_start = j * BLOCK_N
+            if key_start + BLOCK_N > n_k or (IS_CAUSAL and key_start + BLOCK_N - 1 > q_start):
+                cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                keep = cols[None, :] < n_k
+                if IS_CAUSAL:
+                    keep = keep & (cols[None, :] <= rows[:, None])
+                p = gl.where(keep, p, 0.0)
+            ds = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), ds_layout)
+            dq = warpgroup_mma(ds, k_tile, dq, is_async=True)
+            dq, ds = warpgroup_mma_wait(0, deps=(dq, ds))
+            _release(k_empty, slot)
+        dq = (dq * sm_scale).to(dtype)
+        gl.store(dq_ptr + b_i * stride_qb + h_i * stride_qh + rows_o[:, None] * stride_qn + cols_o[None, :], dq,
+                 mask=in_rows)
+
+    @gluon.jit
+    def _flash_bwd_dq_kernel(q_desc, do_desc, k_desc, v_desc, o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
+                             H, n_q, n_k, qk_scale, sm_scale,
+                             stride_ob, stride_oh, stride_on, stride_gb, stride_gh, stride_gn,
+                             stride_qb, stride_qh, stride_qn,
+                             IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                             num_warps: gl.constexpr):
+        # Two consumer warpgroups of BLOCK_M // 2 query rows each, as the forward's.
+        ROWS: gl.constexpr = BLOCK_M // 2
+        bh = gl.program_id(0)
+        m_tile = gl.program_id(1)
+        if IS_CAUSAL:
+            m_tile = gl.num_programs(1) - 1 - m_tile
+        b_i = bh // H
+        h_i = bh % H
+        q_start = m_tile * BLOCK_M
+        if IS_CAUSAL:
+            n_tiles = gl.cdiv(gl.minimum(n_k, q_start + BLOCK_M), BLOCK_N)
+        else:
+            n_tiles = gl.cdiv(n_k, BLOCK_N)
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
+        k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        fixed_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(fixed_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer warpgroup
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.expect(fixed_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b_i, h_i, q_start, 0], fixed_bar, q_smem)
+        tma.async_copy_global_to_shared(do_desc, [b_i, h_i, q_start, 0], fixed_bar, do_smem)
+
+        q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
+        do_tile = do_smem.reshape([BLOCK_M, HEAD_DIM])
+        gl.warp_specialize([
+            (_bwd_dq_consumer, (q_tile.slice(0, ROWS), do_tile.slice(0, ROWS), fixed_bar,
+                                k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                                o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, b_i, h_i, q_start, n_q, n_k, n_tiles,
+                                qk_scale, sm_scale, stride_ob, stride_oh, stride_on, stride_gb, stride_gh, stride_gn,
+                                stride_qb, stride_qh, stride_qn, bh * n_q,
+                                IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES)),
+            (_bwd_dq_consumer, (q_tile.slice(ROWS, ROWS), do_tile.slice(ROWS, ROWS), fixed_bar,
+                                k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                                o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, b_i, h_i, q_start + ROWS, n_q, n_k,
+                                n_tiles, qk_scale, sm_scale, stride_ob, stride_oh, stride_on,
+                                stride_gb, stride_gh, stride_gn, stride_qb, stride_qh, stride_qn, bh * n_q,
+                                IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES)),
+            (_load_ring, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                          b_i, h_i, 0, n_tiles, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+    @gluon.jit
+    def _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """dQ[q_start : q_start + BLOCK_M] += dq (float32, this warpgroup's partial): through
+        dq_smem, once the previous reduction has read it, by one TMA reduction."""
+        tma.store_wait(0)  # the issuing thread's previous reduction has read dq_smem ...
+        gl.thread_barrier()  # ... and every thread of the warpgroup knows it
+        dq_smem.reshape([BLOCK_M, HEAD_DIM]).store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        _tma_reduce_add(dqacc_desc, [b_i, h_i, q_start, 0], dq_smem)
+
+    @gluon.jit
+    def _bwd_dkdv_consumer(k_tile, v_tile, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                           dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k, n_tiles,
+                           qk_scale, sm_scale, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                           row0, k_full, ds_bufs, ds_full, ds_free, dq_smem, dqacc_desc,
+                           IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, FUSE_DQ: gl.constexpr,
+                           WG: gl.constexpr, MUTANT: gl.constexpr):
+        """One warpgroup's BLOCK_N keys from key_start (half of the program's; WG says which).
+        FUSE_DQ: also dQ_i += dS_i K over the program's keys (five products a tile).  Each
+        consumer writes its dS^T half into a slot of ds_bufs and arrives on ds_full; the two
+        take turns (tile parity) at the product over both halves, which frees the slot
+        (ds_free), and at staging its float32 partial through dq_smem into dqacc_desc by a TMA
+        reduction: one product, one partial, one reduction a tile."""
+        # Transposed scores: rows are this warpgroup's keys, columns a tile of queries.
+        st_layout: gl.constexpr = _mma_layout(BLOCK_M, 4)
+        kv_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
+        op_layout: gl.constexpr = _operand_a(kv_layout)
+        dtype: gl.constexpr = k_tile.dtype
+        col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
+        keys = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+
+        st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+        if FUSE_DQ:
+            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, kv_layout)
+            dq = dq_zero  # tile i - 1's partial, staged under tile i's first products
+        mbarrier.wait(fixed_bar, 0)
+        for i in range(n_tiles):
+            slot = i % STAGES
+            phase = (i // STAGES) & 1
+            q_start = (first_tile + i) * BLOCK_M
+            queries = q_start + gl.arange(0, BLOCK_M, layout=col_layout)
+            in_q = queries < n_q
+            lse2 = gl.load(lse_ptr + row0 + queries, mask=in_q, other=float("inf")) * 1.4426950408889634
+            delta = gl.load(delta_ptr + row0 + queries, mask=in_q, other=0.0)
+            q_tile = _tile(q_bufs, slot, BLOCK_M, HEAD_DIM)
+            do_tile = _tile(do_bufs, slot, BLOCK_M, HEAD_DIM)
+            mbarrier.wait(q_ready.index(slot), phase)
+            st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            mbarrier.wait(do_ready.index(slot), phase)
+            dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            if FUSE_DQ:
+                if i > 0:
+                    if (i - 1) % 2 == WG:  # tile i - 1's dQ partial, this consumer's turn (retired there)
+                        _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, q_start - BLOCK_M, BLOCK_M, HEAD_DIM)
+            st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
+            pt = gl.exp2(st * qk_scale - lse2[None, :])
+            # d 64: masks only on tiles that cross the end of the queries or keys, or the
+            # diagonal.  d 128 masks every tile: there the branch costs ptxas registers the
+            # kernel has none of (more spills; 6 to 8 % slower, measured on an H200).
+            crosses_end = q_start + BLOCK_M > n_q or key_start + BLOCK_N > n_k
+            crosses_diagonal = IS_CAUSAL and key_start + BLOCK_N - 1 > q_start
+            if HEAD_DIM > 64 or crosses_end or crosses_diagonal:
+                keep = in_q[None, :] & (keys[:, None] < n_k)
+                if IS_CAUSAL:
+                    keep = keep & (keys[:, None] <= queries[None, :])
+                pt = gl.where(keep, pt, 0.0)
+            dst = (pt * (dpt - delta[None, :])).to(dtype)
+            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+            dst_op = gl.convert_layout(dst, op_layout)
+            dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+            dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
+            if FUSE_DQ:  # dS^T to shared memory under those two: dQ's product reads it as A = dS
+                ds_slot = i % 2
+                ds_use = i // 2
+                mbarrier.wait(ds_free.index(ds_slot), (ds_use & 1) ^ 1)  # tile i - 2's product has read it
+                ds_bufs.index(ds_slot).slice(WG * BLOCK_N, BLOCK_N).store(dst)
+                fence_async_shared()
+                _release(ds_full, ds_slot)
+            dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, pt_op, dst_op))
+            if FUSE_DQ:
+                if i % 2 == WG:  # this consumer's turn: both halves, all the program's keys
+                    mbarrier.wait(ds_full.index(ds_slot), ds_use & 1)
+                    dq_next = warpgroup_mma(ds_bufs.index(ds_slot).permute((1, 0)), k_full, dq_zero, use_acc=False,
+                                            is_async=True)
+                    dq = warpgroup_mma_wait(0, deps=(dq_next,))
+                    _release(ds_free, ds_slot)
+            _release(do_empty, slot)
+            _release(q_empty, slot)
+        if FUSE_DQ:
+            # the kept mutant 4 never stages the last tile's partial
+            if n_tiles > 0 and (n_tiles - 1) % 2 == WG and MUTANT != 4:
+                _stage_dq(dq, dq_smem, dqacc_desc, b_i, h_i, (first_tile + n_tiles - 1) * BLOCK_M, BLOCK_M, HEAD_DIM)
+            tma.store_wait(0)
+        rows = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        in_rows = (rows < n_k)[:, None]
+        gl.store(dk_ptr + b_i * stride_kb + h_i * stride_kh + rows[:, None] * stride_kn + cols[None, :],
+                 (dk * sm_scale).to(dtype), mask=in_rows)
+        gl.store(dv_ptr + b_i * stride_vb + h_i * stride_vh + rows[:, None] * stride_vn + cols[None, :],
+                 dv.to(dtype), mask=in_rows)
+
+    @gluon.jit
+    def _flash_bwd_dkdv_kernel(k_desc, v_desc, q_desc, do_desc, dqacc_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
+                               H, n_q, n_k, qk_scale, sm_scale,
+                               stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                               IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                               FUSE_DQ: gl.constexpr, MUTANT: gl.constexpr, num_warps: gl.constexpr):
+        # Two consumer warpgroups of BLOCK_N // 2 keys each over the same query tiles.
+        # FUSE_DQ: each also adds its dS K into the float32 dQ (dqacc_desc; unread otherwise).
+        KEYS: gl.constexpr = BLOCK_N // 2
+        bh = gl.program_id(0)
+        b_i = bh // H
+        h_i = bh % H
+        key_start = gl.program_id(1) * BLOCK_N
+        n_q_tiles = gl.cdiv(n_q, BLOCK_M)
+        first_tile = 0
+        if IS_CAUSAL:  # queries before key_start see none of these keys
+            first_tile = gl.minimum(key_start // BLOCK_M, n_q_tiles)
+        n_tiles = n_q_tiles - first_tile
+
+        dtype: gl.constexpr = k_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+        q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+        do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        fixed_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(fixed_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=2)  # one arrival from each consumer warpgroup
+            mbarrier.init(do_ready.index(i), count=1)
+            mbarrier.init(do_empty.index(i), count=2)
+        mbarrier.expect(fixed_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b_i, h_i, key_start, 0], fixed_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [b_i, h_i, key_start, 0], fixed_bar, v_smem)
+
+        k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
+        v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+        if FUSE_DQ:  # dS^T of the program's keys in two slots, and a consumer's partial on its way
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+            ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+            ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(2):
+                mbarrier.init(ds_full.index(i), count=2)  # each consumer's half written
+                mbarrier.init(ds_free.index(i), count=1)  # the product over both has retired
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dqacc_desc.block_type.shape, dqacc_desc.layout)
+            dq_0, dq_1 = dq_smem.index(0), dq_smem.index(1)
+        else:
+            ds_bufs, ds_full, ds_free, dq_0, dq_1 = None, None, None, None, None
+        gl.warp_specialize([
+            (_bwd_dkdv_consumer, (k_tile.slice(0, KEYS), v_tile.slice(0, KEYS), fixed_bar,
+                                  q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                                  dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k,
+                                  n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
+                                  stride_vb, stride_vh, stride_vn, bh * n_q, k_tile, ds_bufs, ds_full, ds_free,
+                                  dq_0, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, 0, MUTANT)),
+            (_bwd_dkdv_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), fixed_bar,
+                                  q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                                  dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start + KEYS, first_tile, n_q,
+                                  n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
+                                  stride_vb, stride_vh, stride_vn, bh * n_q, k_tile, ds_bufs, ds_full, ds_free,
+                                  dq_1, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, 1, MUTANT)),
+            (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                          b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
+# ---------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """Tiles of one kernel: BLOCK_M query rows and BLOCK_N keys a tile (each kernel splits its
+    program's tile between two consumer warpgroups), STAGES ring slots, num_warps the
+    default partition's warps (one warpgroup, the first consumer; the second consumer and
+    the loader warp come on top), maxnreg the per-thread register cap at launch that warp
+    specialisation redistributes (loader 24, the worker consumer consumer_regs, the default
+    partition the rest)."""
+
+    block_m: int
+    block_n: int
+    stages: int
+    num_warps: int = 4
+    maxnreg: int = 168
+    consumer_regs: int = 240
+
+
+# From perf.tune.gluon_configs on an H200 (perf/results/2026-11-27-h200-gluon-attention/).
+FORWARD_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 128, 2)}
+BACKWARD_DQ_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 64, 2)}
+BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
+# The five-product backward (dQ added by TMA reductions): untuned, the dK/dV kernel's tiles.
+BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3)}
+
+# Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
+MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3,
+           "last_dq_partial_never_added": 4}
+
+
+_GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(block: tuple, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, _GL_DTYPES[dtype]))
+
+
+def _tma_ok(t4: torch.Tensor) -> bool:
+    """TMA can read this (B, H, N, d) tensor in place: head dim contiguous, base and every
+    other stride a positive multiple of 16 bytes."""
+    size = t4.element_size()
+    return (t4.stride(-1) == 1 and t4.data_ptr() % 16 == 0
+            and all(s > 0 and (s * size) % 16 == 0 for s in t4.stride()[:-1]))
+
+
+def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy in a fresh allocation (16-byte aligned, as every torch allocation):
+    ``contiguous()`` would hand back a contiguous tensor that starts off alignment unchanged."""
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _descriptor(t4: torch.Tensor, block_rows: int):
+    """A host TMA descriptor of a (B, H, N, d) tensor in (1, 1, block_rows, d) tiles; rows
+    past N read as zeros."""
+    block = (1, 1, block_rows, t4.shape[-1])
+    return TensorDescriptor(t4, list(t4.shape), list(t4.stride()), list(block), _smem_layout(block, t4.dtype))
+
+
+def _validate(q, k, v, is_causal, scale) -> float:
+    scale = validate_attention_inputs(q, k, v, is_causal, scale, dtypes=GLUON_DTYPES)
+    d = q.shape[-1]
+    if d not in GLUON_HEAD_DIMS:
+        raise ValueError(f"attention (Gluon): unsupported head dim {d}; supported: 64, 128")
+    if q.device.type != "cuda":
+        raise ValueError(f"attention (Gluon): tensors must be on a CUDA device (Hopper), got {q.device}")
+    reason = hopper_reason(q.device)
+    if reason:
+        raise GluonUnavailable(f"attention (Gluon): {reason}")
+    return scale
+
+
+_PLANS = PlanCache(512)  # (kind, scalars, signature) -> plan, as the Triton flavour's
+_plan = _PLANS.get
+
+
+def _key(kind, tensors, is_causal, scale, extra=()):
+    """A plan's key, or None where the arguments cannot have one (validated on every call)."""
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    try:
+        key = (kind, type(is_causal), is_causal, type(scale), scale, extra, signature(*tensors))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _launch(kernel, grid, rest, constexprs, cfg: GluonConfig, device, descriptor_rows: tuple):
+    """A Launch whose leading arguments are (B, H, N, d) tensors read through TMA in tiles of
+    ``descriptor_rows`` rows each (the launcher encodes their descriptors, cached by address)."""
+    descriptors = tuple(functools.partial(_descriptor, block_rows=rows) for rows in descriptor_rows)
+    return Launch(kernel, grid, tuple(rest), {**constexprs, "num_warps": cfg.num_warps}, {"maxnreg": cfg.maxnreg},
+                  device, descriptors=descriptors)
+
+
+class _ForwardPlan:
+    """A forward over inputs of one signature: inputs validated once, outputs' strides and
+    the launch (grid, scalars, constexprs) fixed; a call makes the descriptors and launches."""
+
+    def __init__(self, q, k, v, is_causal, scale, mutant):
+        self.scale = _validate(q, k, v, is_causal, scale)
+        self.is_causal = bool(is_causal)
+        self.copy = tuple(not _tma_ok(as_4d(t)) for t in (q, k, v))
+        q4 = as_4d(q)
+        B, H, n_q, d = q4.shape
+        n_k = k.shape[-2]
+        self.cfg = cfg = FORWARD_CONFIGS[d]
+        self.o_strides = dense_strides_like(q)
+        o4_strides = as_4d(torch.empty_strided(q.shape, self.o_strides, device="meta")).stride()
+        self.lse_shape = q.shape[:-1]
+        self.launch = _launch(
+            _flash_fwd_kernel, (B * H, triton.cdiv(n_q, cfg.block_m)),
+            (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4_strides[:3]),
+            dict(IS_CAUSAL=self.is_causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
+                 CONSUMER_REGS=cfg.consumer_regs, MUTANT=mutant), cfg, q.device, (cfg.block_m, cfg.block_n, cfg.block_n))
+
+    def __call__(self, q, k, v):
+        q4, k4, v4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v), self.copy))
+        cfg = self.cfg
+        o = torch.empty_strided(q.shape, self.o_strides, dtype=q.dtype, device=q.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        self.launch(q4, k4, v4, o, lse)
+        return o, lse
+
+
+class _BackwardPlan:
+    """A backward over tensors of one signature (q, k, v, O, L, dO), its launches fixed.
+
+    Five products (head dims in BACKWARD_FUSED_CONFIGS, unless torch's deterministic
+    algorithms are on): D and a zeroed float32 dQ (the Triton flavour's preprocess kernel),
+    the dK/dV kernel adding each tile's dS K into dQ by TMA reductions (their order varies:
+    dQ may differ in its last bits between calls), dQ scaled and cast (the Triton flavour's
+    convert kernel).  Otherwise seven, deterministic: the dQ kernel (which stores D) then
+    the dK/dV kernel."""
+
+    def __init__(self, q, k, v, o, lse, grad_o, is_causal, scale, mutant=0):
+        self.scale = _validate(q, k, v, is_causal, scale)
+        for name, t, like in (("O", o, q), ("dO", grad_o, q)):
+            if t.shape != like.shape or t.dtype != like.dtype or t.device != like.device:
+                raise ValueError(f"attention backward (Gluon): {name} must match q's shape, dtype and device; got "
+                                 f"{tuple(t.shape)} {t.dtype} {t.device}")
+        if lse.shape != q.shape[:-1] or lse.dtype != torch.float32 or not lse.is_contiguous():
+            raise ValueError(f"attention backward (Gluon): L must be contiguous float32 of shape {tuple(q.shape[:-1])}")
+        self.copy = tuple(not _tma_ok(as_4d(t)) for t in (q, k, v, grad_o))
+        q4, o4 = as_4d(q), as_4d(o)
+        B, H, n_q, d = q4.shape
+        n_k = k.shape[-2]
+        do4 = as_4d(_aligned_copy(grad_o) if self.copy[3] else grad_o)
+        self.strides = tuple(dense_strides_like(t) for t in (q, k, v))
+        dq4s, dk4s, dv4s = (as_4d(torch.empty_strided(t.shape, s, device="meta")).stride()
+                            for t, s in zip((q, k, v), self.strides))
+        causal = bool(is_causal)
+        self.fused = d in BACKWARD_FUSED_CONFIGS and not torch.are_deterministic_algorithms_enabled()
+        if self.fused:
+            from impl.attention.flash_triton import (_flash_bwd_dq_convert_kernel, _flash_bwd_preprocess_kernel,
+                                                     _options)
+
+            cfg = self.dkdv_cfg = BACKWARD_FUSED_CONFIGS[d]
+            rows, dev = 64, q.device
+            n_p = triton.cdiv(n_q, rows)
+            small = dict(HEAD_DIM=d, BLOCK_D=d, BLOCK_M=rows)
+            self.pre = Launch(_flash_bwd_preprocess_kernel, (n_p * B * H,), (*o4.stride(), *do4.stride(), H, n_q, n_p),
+                              small, _options(dev, 4, 1), dev)
+            self.convert = Launch(_flash_bwd_dq_convert_kernel, (n_p * B * H,), (*dq4s, H, n_q, n_p, self.scale),
+                                  small, _options(dev, 4, 1), dev)
+            self.dq_acc_shape = (B, H, n_q, d)
+            self.dkdv = _launch(
+                _flash_bwd_dkdv_kernel, (B * H, triton.cdiv(n_k, cfg.block_n)),
+                (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
+                dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
+                     CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=True, MUTANT=mutant), cfg, dev,
+                (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
+            return
+        cfg = self.dq_cfg = BACKWARD_DQ_CONFIGS[d]
+        self.dq = _launch(
+            _flash_bwd_dq_kernel, (B * H, triton.cdiv(n_q, cfg.block_m)),
+            (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4.stride()[:3], *do4.stride()[:3], *dq4s[:3]),
+            dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
+                 CONSUMER_REGS=cfg.consumer_regs), cfg, q.device, (cfg.block_m, cfg.block_m, cfg.block_n, cfg.block_n))
+        cfg = self.dkdv_cfg = BACKWARD_DKDV_CONFIGS[d]
+        self.dkdv = _launch(
+            _flash_bwd_dkdv_kernel, (B * H, triton.cdiv(n_k, cfg.block_n)),
+            (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
+            dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
+                 CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=False, MUTANT=mutant), cfg, q.device,
+            (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
+
+    def __call__(self, q, k, v, o, lse, grad_o):
+        q4, k4, v4, do4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v, grad_o), self.copy))
+        dq, dk, dv = (torch.empty_strided(t.shape, s, dtype=t.dtype, device=t.device)
+                      for t, s in zip((q, k, v), self.strides))
+        delta = torch.empty_like(lse)
+        if self.fused:
+            dq_acc = torch.empty(self.dq_acc_shape, dtype=torch.float32, device=q.device)
+            self.pre(as_4d(o), do4, delta, dq_acc)
+            self.dkdv(k4, v4, q4, do4, dq_acc, as_4d(dk), as_4d(dv), lse, delta)
+            self.convert(dq_acc, as_4d(dq))
+            return dq, dk, dv
+        self.dq(q4, do4, k4, v4, as_4d(o), do4, as_4d(dq), lse, delta)
+        self.dkdv(k4, v4, q4, do4, q4, as_4d(dk), as_4d(dv), lse, delta)  # q4 stands in for the unread dQ
+        return dq, dk, dv
+
+
+def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None, *, mutant: int = 0):
+    """O and L (natural-log logsumexp, float32, q.shape[:-1]) of attention(q, k, v)."""
+    key = _key("fwd", (q, k, v), is_causal, scale, mutant)
+    build = lambda: _ForwardPlan(q, k, v, is_causal, scale, mutant)  # noqa: E731
+    return (build() if key is None else _plan(key, build))(q, k, v)
+
+
+def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: float | None = None, *, mutant: int = 0):
+    """dQ, dK, dV of attention(q, k, v) given O, L and dO."""
+    key = _key("bwd", (q, k, v, o, lse, grad_o), is_causal, scale, (torch.are_deterministic_algorithms_enabled(), mutant))
+    build = lambda: _BackwardPlan(q, k, v, o, lse, grad_o, is_causal, scale, mutant)  # noqa: E731
+    return (build() if key is None else _plan(key, build))(q, k, v, o, lse, grad_o)
+
+
+def _attention_function(mutant: int):
+    class FlashAttentionGluon(torch.autograd.Function):
+        """FlashAttention on Hopper in Gluon (see the module contract)."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, is_causal=False, scale=None):
+            o, lse = flash_forward(q, k, v, is_causal, scale, mutant=mutant)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.is_causal, ctx.scale = bool(is_causal), scale
+            return o
+
+        @staticmethod
+        def backward(ctx, grad_o):
+            q, k, v, o, lse = ctx.saved_tensors
+            if grad_o.dtype != q.dtype:
+                grad_o = grad_o.to(q.dtype)
+            dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale, mutant=mutant)
+            return dq, dk, dv, None, None
+
+    return FlashAttentionGluon
+
+
+FlashAttentionGluon = _attention_function(0)
+
+
+def mutant_function(name: str):
+    """The autograd.Function of a kept mutant of the schedule (see MUTANTS)."""
+    fn = _attention_function(MUTANTS[name])
+    fn.__name__ = fn.__qualname__ = f"FlashAttentionGluon_{name}"
+    return fn
