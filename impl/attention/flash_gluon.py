@@ -604,7 +604,6 @@ if GLUON_IMPORT_ERROR is None:
                           b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
-
     @gluon.jit
     def _bwd_dkdv_rows_consumer(k_tile, v_tile, k_full, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready,
                                 do_empty, dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q,
