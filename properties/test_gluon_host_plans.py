@@ -20,15 +20,12 @@ if fg.GLUON_IMPORT_ERROR is not None:  # pragma: no cover - a Triton without Glu
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 KERNELS = ("_flash_fwd_kernel", "_flash_bwd_dq_kernel", "_flash_bwd_dkdv_kernel")
-RECORDED = KERNELS + ("_flash_bwd_dkdv_rows_kernel", )
 # per kernel: its descriptor parameters and the constexpr that gives each one's box rows
 DESCRIPTOR_ROWS = {
     "_flash_fwd_kernel": {"q_desc": "BLOCK_M", "k_desc": "BLOCK_N", "v_desc": "BLOCK_N"},
     "_flash_bwd_dq_kernel": {"q_desc": "BLOCK_M", "do_desc": "BLOCK_M", "k_desc": "BLOCK_N", "v_desc": "BLOCK_N"},
     "_flash_bwd_dkdv_kernel": {"k_desc": "BLOCK_N", "v_desc": "BLOCK_N", "q_desc": "BLOCK_M", "do_desc": "BLOCK_M",
                                "dqacc_desc": "BLOCK_M"},
-    "_flash_bwd_dkdv_rows_kernel": {"k_desc": "BLOCK_N", "v_desc": "BLOCK_N", "q_desc": "BLOCK_M",
-                                    "do_desc": "BLOCK_M", "dqacc_desc": "BLOCK_M"},
 }
 
 
@@ -37,9 +34,8 @@ def _plan_of(d, causal):
     dK/dV kernel adds dQ): five products where the table has them, outside deterministic mode
     (the Triton flavour's preprocess and convert kernels around it are not Gluon's)."""
     if d in fg.BACKWARD_FUSED_CONFIGS and not torch.are_deterministic_algorithms_enabled() and (d == 64 or causal):
-        dkdv = "_flash_bwd_dkdv_rows_kernel" if d > 64 else "_flash_bwd_dkdv_kernel"  # d 128: scores in query rows
-        return (("_flash_fwd_kernel", dkdv), {"_flash_fwd_kernel": fg.FORWARD_CONFIGS[d], dkdv: fg.BACKWARD_FUSED_CONFIGS[d]},
-                True)
+        return (("_flash_fwd_kernel", "_flash_bwd_dkdv_kernel"),
+                {"_flash_fwd_kernel": fg.FORWARD_CONFIGS[d], "_flash_bwd_dkdv_kernel": fg.BACKWARD_FUSED_CONFIGS[d]}, True)
     return KERNELS, {"_flash_fwd_kernel": fg.FORWARD_CONFIGS[d], "_flash_bwd_dq_kernel": fg.BACKWARD_DQ_CONFIGS[d],
                      "_flash_bwd_dkdv_kernel": fg.BACKWARD_DKDV_CONFIGS[d]}, False
 
@@ -67,7 +63,7 @@ class _Recorder:
 @pytest.fixture
 def launches(monkeypatch):
     calls = []
-    for name in RECORDED:
+    for name in KERNELS:
         monkeypatch.setattr(fg, name, _Recorder(getattr(fg, name), calls))
     monkeypatch.setattr(fg, "_validate", lambda q, k, v, causal, scale: scale or q.shape[-1] ** -0.5)
     monkeypatch.setattr(fg, "_PLANS", fg.PlanCache(16))
@@ -117,18 +113,16 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
             cfg.block_m, cfg.block_n, cfg.stages, d), name
         assert args["num_warps"] == cfg.num_warps and options == {"maxnreg": cfg.maxnreg}, name
         assert args["IS_CAUSAL"] is causal and args["n_q"] == n_q and args["n_k"] == n_k, name
-        per_key_tile = name.startswith("_flash_bwd_dkdv")
-        rows = cfg.block_n if per_key_tile else cfg.block_m
-        assert grid[:2] == (bh, triton.cdiv(n_k if per_key_tile else n_q, rows)), name
+        rows = cfg.block_n if name == "_flash_bwd_dkdv_kernel" else cfg.block_m
+        assert grid[:2] == (bh, triton.cdiv(n_k if name == "_flash_bwd_dkdv_kernel" else n_q, rows)), name
         for param, tile in DESCRIPTOR_ROWS[name].items():
             desc = args[param]
             assert isinstance(desc, TensorDescriptor), f"{name}.{param} is a {type(desc).__name__}"
             n = n_q if param in ("q_desc", "do_desc", "dqacc_desc") else n_k
             assert list(desc.shape) == [*q4.shape[:2], n, d], f"{name}.{param} covers {desc.shape}"
-            cols = d // 2 if param == "dqacc_desc" and name.endswith("rows_kernel") else d  # half of dQ a consumer
+            # d 128 at five products (scores in query rows): each consumer adds half of dQ's columns
+            cols = d // 2 if param == "dqacc_desc" and fused and d > 64 else d
             assert list(desc.block_shape) == [1, 1, args[tile], cols], f"{name}.{param} box {desc.block_shape}"
-        if name == "_flash_bwd_dkdv_rows_kernel":
-            assert fused and args["dqacc_desc"].base.dtype == torch.float32, name
         if name == "_flash_bwd_dkdv_kernel":
             assert args["FUSE_DQ"] is fused, name
             # five products: the float32 dQ the reductions add into; seven: q stands in, unread

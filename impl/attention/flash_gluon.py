@@ -439,6 +439,16 @@ if GLUON_IMPORT_ERROR is None:
         _tma_reduce_add(dqacc_desc, [b_i, h_i, q_start, col], dq_smem)
 
     @gluon.jit
+    def _query_stats(lse_ptr, delta_ptr, row0, q_start, n_q, BLOCK_M: gl.constexpr, layout: gl.constexpr):
+        """A tile of queries from q_start: their indices, which exist, L in log2 units (inf past
+        the end, so that P is 0 there) and D, in ``layout``."""
+        queries = q_start + gl.arange(0, BLOCK_M, layout=layout)
+        in_q = queries < n_q
+        lse2 = gl.load(lse_ptr + row0 + queries, mask=in_q, other=float("inf")) * 1.4426950408889634
+        delta = gl.load(delta_ptr + row0 + queries, mask=in_q, other=0.0)
+        return queries, in_q, lse2, delta
+
+    @gluon.jit
     def _bwd_dkdv_consumer(k_tile, v_tile, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                            dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k, n_tiles,
                            qk_scale, sm_scale, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
@@ -471,10 +481,7 @@ if GLUON_IMPORT_ERROR is None:
             slot = i % STAGES
             phase = (i // STAGES) & 1
             q_start = (first_tile + i) * BLOCK_M
-            queries = q_start + gl.arange(0, BLOCK_M, layout=col_layout)
-            in_q = queries < n_q
-            lse2 = gl.load(lse_ptr + row0 + queries, mask=in_q, other=float("inf")) * 1.4426950408889634
-            delta = gl.load(delta_ptr + row0 + queries, mask=in_q, other=0.0)
+            queries, in_q, lse2, delta = _query_stats(lse_ptr, delta_ptr, row0, q_start, n_q, BLOCK_M, col_layout)
             q_tile = _tile(q_bufs, slot, BLOCK_M, HEAD_DIM)
             do_tile = _tile(do_bufs, slot, BLOCK_M, HEAD_DIM)
             mbarrier.wait(q_ready.index(slot), phase)
@@ -534,77 +541,6 @@ if GLUON_IMPORT_ERROR is None:
                  dv.to(dtype), mask=in_rows)
 
     @gluon.jit
-    def _flash_bwd_dkdv_kernel(k_desc, v_desc, q_desc, do_desc, dqacc_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
-                               H, n_q, n_k, qk_scale, sm_scale,
-                               stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                               IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                               FUSE_DQ: gl.constexpr, MUTANT: gl.constexpr, num_warps: gl.constexpr):
-        # Two consumer warpgroups of BLOCK_N // 2 keys each over the same query tiles.
-        # FUSE_DQ: each also adds its dS K into the float32 dQ (dqacc_desc; unread otherwise).
-        KEYS: gl.constexpr = BLOCK_N // 2
-        bh = gl.program_id(0)
-        b_i = bh // H
-        h_i = bh % H
-        key_start = gl.program_id(1) * BLOCK_N
-        n_q_tiles = gl.cdiv(n_q, BLOCK_M)
-        first_tile = 0
-        if IS_CAUSAL:  # queries before key_start see none of these keys
-            first_tile = gl.minimum(key_start // BLOCK_M, n_q_tiles)
-        n_tiles = n_q_tiles - first_tile
-
-        dtype: gl.constexpr = k_desc.dtype
-        k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
-        q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-        do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
-        fixed_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(fixed_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(q_ready.index(i), count=1)
-            mbarrier.init(q_empty.index(i), count=2)  # one arrival from each consumer warpgroup
-            mbarrier.init(do_ready.index(i), count=1)
-            mbarrier.init(do_empty.index(i), count=2)
-        mbarrier.expect(fixed_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b_i, h_i, key_start, 0], fixed_bar, k_smem)
-        tma.async_copy_global_to_shared(v_desc, [b_i, h_i, key_start, 0], fixed_bar, v_smem)
-
-        k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
-        v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
-        if FUSE_DQ:  # dS^T of the program's keys in two slots, and a consumer's partial on its way
-            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-            ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
-            ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(2):
-                mbarrier.init(ds_full.index(i), count=2)  # each consumer's half written
-                mbarrier.init(ds_free.index(i), count=1)  # the product over both has retired
-            dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dqacc_desc.block_type.shape, dqacc_desc.layout)
-            dq_0, dq_1 = dq_smem.index(0), dq_smem.index(1)
-        else:
-            ds_bufs, ds_full, ds_free, dq_0, dq_1 = None, None, None, None, None
-        gl.warp_specialize([
-            (_bwd_dkdv_consumer, (k_tile.slice(0, KEYS), v_tile.slice(0, KEYS), fixed_bar,
-                                  q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                                  dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k,
-                                  n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
-                                  stride_vb, stride_vh, stride_vn, bh * n_q, k_tile, ds_bufs, ds_full, ds_free,
-                                  dq_0, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, 0, MUTANT)),
-            (_bwd_dkdv_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), fixed_bar,
-                                  q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                                  dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start + KEYS, first_tile, n_q,
-                                  n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
-                                  stride_vb, stride_vh, stride_vn, bh * n_q, k_tile, ds_bufs, ds_full, ds_free,
-                                  dq_1, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, 1, MUTANT)),
-            (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                          b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, 24])
-
-    @gluon.jit
     def _bwd_dkdv_rows_consumer(k_tile, v_tile, k_full, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready,
                                 do_empty, dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q,
                                 n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
@@ -639,10 +575,7 @@ if GLUON_IMPORT_ERROR is None:
             slot = i % STAGES
             phase = (i // STAGES) & 1
             q_start = (first_tile + i) * BLOCK_M
-            queries = q_start + gl.arange(0, BLOCK_M, layout=row_layout)
-            in_q = queries < n_q
-            lse2 = gl.load(lse_ptr + row0 + queries, mask=in_q, other=float("inf")) * 1.4426950408889634
-            delta = gl.load(delta_ptr + row0 + queries, mask=in_q, other=0.0)
+            queries, in_q, lse2, delta = _query_stats(lse_ptr, delta_ptr, row0, q_start, n_q, BLOCK_M, row_layout)
             q_tile = _tile(q_bufs, slot, BLOCK_M, HEAD_DIM)
             do_tile = _tile(do_bufs, slot, BLOCK_M, HEAD_DIM)
             mbarrier.wait(q_ready.index(slot), phase)
@@ -689,15 +622,17 @@ if GLUON_IMPORT_ERROR is None:
                  dv.to(dtype), mask=in_rows)
 
     @gluon.jit
-    def _flash_bwd_dkdv_rows_kernel(k_desc, v_desc, q_desc, do_desc, dqacc_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
-                                    H, n_q, n_k, qk_scale, sm_scale,
-                                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                                    IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                                    HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                    MUTANT: gl.constexpr, num_warps: gl.constexpr):
-        # The five-product backward with scores in query rows (_bwd_dkdv_rows_consumer): two
-        # consumers of BLOCK_N // 2 keys each, the loader warp feeding Q_i and dO_i.
+    def _flash_bwd_dkdv_kernel(k_desc, v_desc, q_desc, do_desc, dqacc_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
+                               H, n_q, n_k, qk_scale, sm_scale,
+                               stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                               IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                               FUSE_DQ: gl.constexpr, MUTANT: gl.constexpr, num_warps: gl.constexpr):
+        # Two consumer warpgroups of BLOCK_N // 2 keys each over the same query tiles.
+        # FUSE_DQ: each also adds its dS K into the float32 dQ (dqacc_desc; unread otherwise),
+        # at d 128 with scores in query rows (_bwd_dkdv_rows_consumer).
         KEYS: gl.constexpr = BLOCK_N // 2
+        ROWS: gl.constexpr = FUSE_DQ and HEAD_DIM > 64
         bh = gl.program_id(0)
         b_i = bh // H
         h_i = bh % H
@@ -724,40 +659,71 @@ if GLUON_IMPORT_ERROR is None:
             mbarrier.init(q_empty.index(i), count=2)  # one arrival from each consumer warpgroup
             mbarrier.init(do_ready.index(i), count=1)
             mbarrier.init(do_empty.index(i), count=2)
-        # P of each consumer; dS in two slots of two halves (one a consumer); dQ's staging buffers
-        pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KEYS], dtype)
-        p_0 = gl.allocate_shared_memory(dtype, [BLOCK_M, KEYS], pds_layout)
-        p_1 = gl.allocate_shared_memory(dtype, [BLOCK_M, KEYS], pds_layout)
-        ds_bufs = gl.allocate_shared_memory(dtype, [4, BLOCK_M, KEYS], pds_layout)
-        ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(ds_full.index(i), count=2)  # each consumer's half written
-            mbarrier.init(ds_free.index(i), count=2)  # each consumer's dQ product has read both
-        dq_0 = gl.allocate_shared_memory(gl.float32, dqacc_desc.block_type.shape, dqacc_desc.layout)
-        dq_1 = gl.allocate_shared_memory(gl.float32, dqacc_desc.block_type.shape, dqacc_desc.layout)
+        if ROWS:  # P of each consumer; dS in two slots of two halves (one a consumer); dQ's staging buffers
+            pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KEYS], dtype)
+            p_0 = gl.allocate_shared_memory(dtype, [BLOCK_M, KEYS], pds_layout)
+            p_1 = gl.allocate_shared_memory(dtype, [BLOCK_M, KEYS], pds_layout)
+            ds_bufs = gl.allocate_shared_memory(dtype, [4, BLOCK_M, KEYS], pds_layout)
+            ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(2):
+                mbarrier.init(ds_full.index(i), count=2)  # each consumer's half written
+                mbarrier.init(ds_free.index(i), count=2)  # each consumer's dQ product has read both
+            dq_0 = gl.allocate_shared_memory(gl.float32, dqacc_desc.block_type.shape, dqacc_desc.layout)
+            dq_1 = gl.allocate_shared_memory(gl.float32, dqacc_desc.block_type.shape, dqacc_desc.layout)
         mbarrier.expect(fixed_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [b_i, h_i, key_start, 0], fixed_bar, k_smem)
         tma.async_copy_global_to_shared(v_desc, [b_i, h_i, key_start, 0], fixed_bar, v_smem)
 
         k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
         v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
-        gl.warp_specialize([
-            (_bwd_dkdv_rows_consumer, (k_tile.slice(0, KEYS), v_tile.slice(0, KEYS), k_tile, fixed_bar,
-                                       q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                                       dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k,
-                                       n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
-                                       stride_vb, stride_vh, stride_vn, bh * n_q, p_0, ds_bufs, ds_full, ds_free,
-                                       dq_0, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, 0, MUTANT)),
-            (_bwd_dkdv_rows_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), k_tile, fixed_bar,
-                                       q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                                       dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start + KEYS, first_tile,
-                                       n_q, n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
-                                       stride_vb, stride_vh, stride_vn, bh * n_q, p_1, ds_bufs, ds_full, ds_free,
-                                       dq_1, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, 1, MUTANT)),
-            (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                          b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        if ROWS:
+            gl.warp_specialize([
+                (_bwd_dkdv_rows_consumer, (k_tile.slice(0, KEYS), v_tile.slice(0, KEYS), k_tile, fixed_bar,
+                                           q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                                           dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q,
+                                           n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
+                                           stride_vb, stride_vh, stride_vn, bh * n_q, p_0, ds_bufs, ds_full, ds_free,
+                                           dq_0, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, 0, MUTANT)),
+                (_bwd_dkdv_rows_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), k_tile, fixed_bar,
+                                           q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                                           dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start + KEYS,
+                                           first_tile, n_q, n_k, n_tiles, qk_scale, sm_scale,
+                                           stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                                           bh * n_q, p_1, ds_bufs, ds_full, ds_free,
+                                           dq_1, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, 1, MUTANT)),
+                (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                              b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+        else:
+            if FUSE_DQ:  # dS^T of the program's keys in two slots, and a consumer's partial on its way
+                ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+                ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+                ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+                ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+                for i in gl.static_range(2):
+                    mbarrier.init(ds_full.index(i), count=2)  # each consumer's half written
+                    mbarrier.init(ds_free.index(i), count=1)  # the product over both has retired
+                dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dqacc_desc.block_type.shape, dqacc_desc.layout)
+                dq_0, dq_1 = dq_smem.index(0), dq_smem.index(1)
+            else:
+                ds_bufs, ds_full, ds_free, dq_0, dq_1 = None, None, None, None, None
+            gl.warp_specialize([
+                (_bwd_dkdv_consumer, (k_tile.slice(0, KEYS), v_tile.slice(0, KEYS), fixed_bar,
+                                      q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                                      dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k,
+                                      n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
+                                      stride_vb, stride_vh, stride_vn, bh * n_q, k_tile, ds_bufs, ds_full, ds_free,
+                                      dq_0, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, 0, MUTANT)),
+                (_bwd_dkdv_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), fixed_bar,
+                                      q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                                      dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start + KEYS, first_tile, n_q,
+                                      n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
+                                      stride_vb, stride_vh, stride_vn, bh * n_q, k_tile, ds_bufs, ds_full, ds_free,
+                                      dq_1, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, 1, MUTANT)),
+                (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                              b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, 24])
 
 
 # ---------------------------------------------------------------------------------------
@@ -787,7 +753,7 @@ FORWARD_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 128, 2)}
 BACKWARD_DQ_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 64, 2)}
 BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
 # The five-product backward (dQ added by TMA reductions): untuned, the dK/dV kernel's tiles;
-# d 128 runs the query-row form (_flash_bwd_dkdv_rows_kernel), two slots as its shared memory
+# d 128 runs the query-row form (_bwd_dkdv_rows_consumer), two slots as its shared memory
 # holds, and only when causal (_BackwardPlan).
 BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
 
@@ -939,16 +905,13 @@ class _BackwardPlan:
             self.convert = Launch(_flash_bwd_dq_convert_kernel, (n_p * B * H,), (*dq4s, H, n_q, n_p, self.scale),
                                   small, _options(dev, 4, 1), dev)
             self.dq_acc_shape = (B, H, n_q, d)
-            tiles = dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
-                         CONSUMER_REGS=cfg.consumer_regs, MUTANT=mutant)
-            rest = (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3])
-            grid = (B * H, triton.cdiv(n_k, cfg.block_n))
-            if d > 64:  # scores in query rows; each consumer adds half of dQ's columns
-                self.dkdv = _launch(_flash_bwd_dkdv_rows_kernel, grid, rest, tiles, cfg, dev,
-                                    (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, (cfg.block_m, d // 2)))
-            else:
-                self.dkdv = _launch(_flash_bwd_dkdv_kernel, grid, rest, {**tiles, "FUSE_DQ": True}, cfg, dev,
-                                    (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
+            self.dkdv = _launch(
+                _flash_bwd_dkdv_kernel, (B * H, triton.cdiv(n_k, cfg.block_n)),
+                (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
+                dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
+                     CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=True, MUTANT=mutant), cfg, dev,
+                # d 128 (scores in query rows): each consumer adds half of dQ's columns
+                (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, (cfg.block_m, d // 2 if d > 64 else d)))
             return
         cfg = self.dq_cfg = BACKWARD_DQ_CONFIGS[d]
         self.dq = _launch(
