@@ -252,15 +252,20 @@ def boundary_cases(budget: Budget) -> list[AttentionCase]:
 
     A query block whose last tile holds a single row (N = t + 1) is where causal
     tile-skipping, partial-tile and diagonal-mask bugs live; random draws reach it only
-    now and then, so these are always run.
+    now and then, so these are always run.  Of each pair, the second runs as a user runs
+    it (unpoisoned: outside torch's deterministic mode, where kernels may take another
+    backward), and the last pair's at head dim 128, or the flavour's nearest (the Gluon
+    flavour's second backward form).
     """
     cases = []
     for i, t in enumerate(TILE_MULTIPLES):
         n = t + 1
         if n > budget.max_len:
             continue
+        d = 128 if t == TILE_MULTIPLES[-1] else 16
         cases.append(AttentionCase((1,), n, n, 32, torch.float32, True, None, 1.0, "contiguous", 1000 + i))
-        cases.append(AttentionCase((2,), n, n + 7, 16, torch.float32, True, None, 4.0, "contiguous", 2000 + i))
+        cases.append(AttentionCase((2,), n, n + 7, d, torch.float32, True, None, 4.0, "contiguous", 2000 + i,
+                                   poisoned=False))
     # Each of q, k, v and dO in a layout of its own, with more than one key and batch element:
     # a launch that passes one tensor's strides for another's shows here, not by chance.
     cases.append(AttentionCase((2,), 17, 24, 16, torch.float32, True, None, 1.0, "mixed", 3000))
