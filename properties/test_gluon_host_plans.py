@@ -113,8 +113,10 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
             cfg.block_m, cfg.block_n, cfg.stages, d), name
         assert args["num_warps"] == cfg.num_warps and options == {"maxnreg": cfg.maxnreg}, name
         assert args["IS_CAUSAL"] is causal and args["n_q"] == n_q and args["n_k"] == n_k, name
+        assert 1 <= args["group_heads"] <= bh, name
         rows = cfg.block_n if name == "_flash_bwd_dkdv_kernel" else cfg.block_m
-        assert grid[:2] == (bh, triton.cdiv(n_k if name == "_flash_bwd_dkdv_kernel" else n_q, rows)), name
+        # one-dimensional, a head's tiles adjacent (_tile_and_head)
+        assert tuple(grid) == (bh * triton.cdiv(n_k if name == "_flash_bwd_dkdv_kernel" else n_q, rows), 1, 1), name
         for param, tile in DESCRIPTOR_ROWS[name].items():
             desc = args[param]
             assert isinstance(desc, TensorDescriptor), f"{name}.{param} is a {type(desc).__name__}"
