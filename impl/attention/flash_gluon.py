@@ -269,8 +269,8 @@ if GLUON_IMPORT_ERROR is None:
         gl.store(lse_ptr + lse_row0 + lse_rows, lse, mask=lse_rows < n_q)
 
     @gluon.jit
-    def _flash_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, H, group_heads, n_q, n_k, qk_scale, sm_scale,
-                          stride_ob, stride_oh, stride_on,
+    def _flash_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, H, n_q, n_k, qk_scale, sm_scale,
+                          stride_ob, stride_oh, stride_on, group_heads,
                           IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                           num_warps: gl.constexpr, MUTANT: gl.constexpr):
@@ -381,9 +381,9 @@ if GLUON_IMPORT_ERROR is None:
 
     @gluon.jit
     def _flash_bwd_dq_kernel(q_desc, do_desc, k_desc, v_desc, o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
-                             H, group_heads, n_q, n_k, qk_scale, sm_scale,
+                             H, n_q, n_k, qk_scale, sm_scale,
                              stride_ob, stride_oh, stride_on, stride_gb, stride_gh, stride_gn,
-                             stride_qb, stride_qh, stride_qn,
+                             stride_qb, stride_qh, stride_qn, group_heads,
                              IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                              HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                              num_warps: gl.constexpr):
@@ -637,8 +637,8 @@ if GLUON_IMPORT_ERROR is None:
 
     @gluon.jit
     def _flash_bwd_dkdv_kernel(k_desc, v_desc, q_desc, do_desc, dqacc_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
-                               H, group_heads, n_q, n_k, qk_scale, sm_scale,
-                               stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                               H, n_q, n_k, qk_scale, sm_scale,
+                               stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, group_heads,
                                IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                FUSE_DQ: gl.constexpr, MUTANT: gl.constexpr, num_warps: gl.constexpr):
@@ -647,7 +647,11 @@ if GLUON_IMPORT_ERROR is None:
         # at d 128 with scores in query rows (_bwd_dkdv_rows_consumer).
         KEYS: gl.constexpr = BLOCK_N // 2
         ROWS: gl.constexpr = FUSE_DQ and HEAD_DIM > 64
-        n_tile, bh = _tile_and_head(gl.cdiv(n_k, BLOCK_N), group_heads)
+        if ROWS:  # a (B * H, key tiles) grid, heads fastest (see _BackwardPlan)
+            bh = gl.program_id(0)
+            n_tile = gl.program_id(1)
+        else:
+            n_tile, bh = _tile_and_head(gl.cdiv(n_k, BLOCK_N), group_heads)
         b_i = bh // H
         h_i = bh % H
         key_start = n_tile * BLOCK_N
@@ -884,7 +888,7 @@ class _ForwardPlan:
         group = _group_heads(B * H, 2 * n_k * d * q.element_size(), q.device)  # K and V stream
         self.launch = _launch(
             _flash_fwd_kernel, (B * H * triton.cdiv(n_q, cfg.block_m),),
-            (H, group, n_q, n_k, self.scale * LOG2E, self.scale, *o4_strides[:3]),
+            (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4_strides[:3], group),
             dict(IS_CAUSAL=self.is_causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
                  CONSUMER_REGS=cfg.consumer_regs, MUTANT=mutant), cfg, q.device, (cfg.block_m, cfg.block_n, cfg.block_n))
 
@@ -942,12 +946,16 @@ class _BackwardPlan:
             self.convert = Launch(_flash_bwd_dq_convert_kernel, (n_p * B * H,), (*dq4s, H, n_q, n_p, self.scale),
                                   small, _options(dev, 4, 1), dev)
             self.dq_acc_shape = (B, H, n_q, d)
-            # Q, dO and dQ's float32 sums stream; the query-row form (d 128) runs heads fastest:
-            # grouped, it was 14 % slower at B2 H16 N8192 causal (3.75 against 3.29 ms on an H200)
-            group = B * H if d > 64 else _group_heads(B * H, n_q * d * (2 * q.element_size() + 4), dev)
+            # Q, dO and dQ's float32 sums stream.  The query-row form (d 128) keeps a two-dimensional
+            # grid, heads fastest: the one-dimensional grid's index arithmetic cost its consumers
+            # registers (ptxas spilled 272 bytes, not 236) and 16 % at B2 H16 N8192 causal on an H200
+            # (3.84 against 3.24 ms), whatever the grouping.
+            rows_form = d > 64
+            group = B * H if rows_form else _group_heads(B * H, n_q * d * (2 * q.element_size() + 4), dev)
+            n_tiles = triton.cdiv(n_k, cfg.block_n)
             self.dkdv = _launch(
-                _flash_bwd_dkdv_kernel, (B * H * triton.cdiv(n_k, cfg.block_n),),
-                (H, group, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3]),
+                _flash_bwd_dkdv_kernel, (B * H, n_tiles) if rows_form else (B * H * n_tiles,),
+                (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3], group),
                 dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
                      CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=True, MUTANT=mutant), cfg, dev,
                 # d 128 (scores in query rows): each consumer adds half of dQ's columns
@@ -956,14 +964,15 @@ class _BackwardPlan:
         cfg = self.dq_cfg = BACKWARD_DQ_CONFIGS[d]
         self.dq = _launch(
             _flash_bwd_dq_kernel, (B * H * triton.cdiv(n_q, cfg.block_m),),
-            (H, _group_heads(B * H, 2 * n_k * d * q.element_size(), q.device), n_q, n_k, self.scale * LOG2E, self.scale, *o4.stride()[:3], *do4.stride()[:3], *dq4s[:3]),
+            (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4.stride()[:3], *do4.stride()[:3], *dq4s[:3],
+             _group_heads(B * H, 2 * n_k * d * q.element_size(), q.device)),  # K and V stream
             dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
                  CONSUMER_REGS=cfg.consumer_regs), cfg, q.device, (cfg.block_m, cfg.block_m, cfg.block_n, cfg.block_n))
         cfg = self.dkdv_cfg = BACKWARD_DKDV_CONFIGS[d]
         self.dkdv = _launch(
             _flash_bwd_dkdv_kernel, (B * H * triton.cdiv(n_k, cfg.block_n),),
-            (H, _group_heads(B * H, 2 * n_q * d * q.element_size(), q.device), n_q, n_k, self.scale * LOG2E,
-             self.scale, *dk4s[:3], *dv4s[:3]),
+            (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3],
+             _group_heads(B * H, 2 * n_q * d * q.element_size(), q.device)),
             dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
                  CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=False, MUTANT=mutant), cfg, q.device,
             (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
