@@ -40,13 +40,19 @@ Schedule
     write their halves of dS_i^T into one of two shared-memory slots (mbarriers ds_full,
     count 2, and ds_free); they take turns by tile parity at the product over both halves,
     and the one whose turn it was stages the partial after issuing the next tile's S and dP.
-    d 128, causal: five products too, with scores in query rows (S = Q K^T; a row's L and
+    d 128: five products too, with scores in query rows (S = Q K^T; a row's L and
     D take a thread 2 registers, not 16); P and dS go through shared memory for the dV and
     dK products, and each consumer adds half of dQ_i's columns.  The reductions land in a
     varying order, so dQ may differ in its last bits between calls; dK and dV are the same
-    bits on every call.  d 128 full, and any d under torch.use_deterministic_algorithms(True):
-    seven products, deterministic; a dQ kernel (one program per query tile, K_j and V_j
-    from the ring) that first stores D, then the dK/dV kernel without dQ.
+    bits on every call.  Under torch.use_deterministic_algorithms(True): seven products,
+    deterministic; a dQ kernel (one program per query tile, K_j and V_j from the ring)
+    that first stores D, then the dK/dV kernel without dQ.
+    Grid order: one-dimensional, a group of heads' tiles adjacent (_tile_and_head), the
+    group as many heads as fill a quarter of L2 with what the programs stream (K and V, or
+    Q, dO and dQ's sums), every head where all fit; so the resident programs share their
+    operands in L2 instead of reading every head's from HBM again each wave.  Causal
+    grids run a group's longest tiles first.  The causal query-row dK/dV kernel keeps a
+    (B * H, key tiles) grid, heads fastest (see _BackwardPlan).
     Phases: slot s of tile i waits on parity (i // STAGES) & 1; the loader's first pass
     waits on parity 1 of the empty barrier, which a fresh mbarrier reports complete.
 """
@@ -647,7 +653,7 @@ if GLUON_IMPORT_ERROR is None:
         # at d 128 with scores in query rows (_bwd_dkdv_rows_consumer).
         KEYS: gl.constexpr = BLOCK_N // 2
         ROWS: gl.constexpr = FUSE_DQ and HEAD_DIM > 64
-        if ROWS:  # a (B * H, key tiles) grid, heads fastest (see _BackwardPlan)
+        if ROWS and IS_CAUSAL:  # a (B * H, key tiles) grid, heads fastest (see _BackwardPlan)
             bh = gl.program_id(0)
             n_tile = gl.program_id(1)
         else:
@@ -772,7 +778,7 @@ BACKWARD_DQ_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 64, 2
 BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
 # The five-product backward (dQ added by TMA reductions): untuned, the dK/dV kernel's tiles;
 # d 128 runs the query-row form (_bwd_dkdv_rows_consumer), two slots as its shared memory
-# holds, and only when causal (_BackwardPlan).
+# holds.
 BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
 
 # Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
@@ -928,11 +934,10 @@ class _BackwardPlan:
         dq4s, dk4s, dv4s = (as_4d(torch.empty_strided(t.shape, s, device="meta")).stride()
                             for t, s in zip((q, k, v), self.strides))
         causal = bool(is_causal)
-        # d 128 full stays at seven products: there the query-row form's staging of dQ is
-        # exposed (3.69 against 3.48 ms at B4 H16 N4096 on an H200); causal, five win (3.18
-        # against 3.49 at B2 H16 N8192), its masks on crossing tiles only.
-        self.fused = (d in BACKWARD_FUSED_CONFIGS and not torch.are_deterministic_algorithms_enabled()
-                      and (d == 64 or causal))
+        # Five products at both head dims (d 128 in query rows: at B4 H16 N4096 full 3.03 against
+        # 3.33 ms for seven on an H200 once the grid runs a group of heads at a time; with every
+        # head at once it had lost, 3.69 against 3.48).
+        self.fused = d in BACKWARD_FUSED_CONFIGS and not torch.are_deterministic_algorithms_enabled()
         if self.fused:
             from impl.attention.flash_triton import (_flash_bwd_dq_convert_kernel, _flash_bwd_preprocess_kernel,
                                                      _options)
@@ -946,15 +951,15 @@ class _BackwardPlan:
             self.convert = Launch(_flash_bwd_dq_convert_kernel, (n_p * B * H,), (*dq4s, H, n_q, n_p, self.scale),
                                   small, _options(dev, 4, 1), dev)
             self.dq_acc_shape = (B, H, n_q, d)
-            # Q, dO and dQ's float32 sums stream.  The query-row form (d 128) keeps a two-dimensional
-            # grid, heads fastest: the one-dimensional grid's index arithmetic cost its consumers
-            # registers (ptxas spilled 272 bytes, not 236) and 16 % at B2 H16 N8192 causal on an H200
-            # (3.84 against 3.24 ms), whatever the grouping.
-            rows_form = d > 64
-            group = B * H if rows_form else _group_heads(B * H, n_q * d * (2 * q.element_size() + 4), dev)
+            # Q, dO and dQ's float32 sums stream.  Causal, the query-row form (d 128) keeps a
+            # two-dimensional grid, heads fastest: the one-dimensional grid's index arithmetic cost
+            # its consumers registers (ptxas spilled 272-284 bytes, not 236) and 16 % at B2 H16
+            # N8192 on an H200 (3.84 against 3.24 ms), whatever the grouping.
+            heads_fastest = d > 64 and causal
+            group = B * H if heads_fastest else _group_heads(B * H, n_q * d * (2 * q.element_size() + 4), dev)
             n_tiles = triton.cdiv(n_k, cfg.block_n)
             self.dkdv = _launch(
-                _flash_bwd_dkdv_kernel, (B * H, n_tiles) if rows_form else (B * H * n_tiles,),
+                _flash_bwd_dkdv_kernel, (B * H, n_tiles) if heads_fastest else (B * H * n_tiles,),
                 (H, n_q, n_k, self.scale * LOG2E, self.scale, *dk4s[:3], *dv4s[:3], group),
                 dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
                      CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=True, MUTANT=mutant), cfg, dev,
