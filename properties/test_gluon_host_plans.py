@@ -132,3 +132,16 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
             assert args["FUSE_DQ"] is fused, name
             # five products: the float32 dQ the reductions add into; seven: q stands in, unread
             assert args["dqacc_desc"].base.dtype == (torch.float32 if fused else q.dtype), name
+
+
+def test_grids_group_as_many_heads_as_fit_a_share_of_l2():
+    """Every head at once where all heads' streamed operands fit in L2 (heads fastest, the
+    causal grids longest-first across all); otherwise groups that fill L2_SHARE of it, at
+    least one head (_tile_and_head's order)."""
+    cpu = torch.device("cpu")
+    l2 = fg._l2_bytes(cpu)
+    assert fg._group_heads(48, l2 // 48, cpu) == 48  # all fit
+    per_head = l2 // 16
+    assert fg._group_heads(64, per_head, cpu) == int(fg.L2_SHARE * l2) // per_head  # a quarter: 4 heads
+    assert fg._group_heads(64, 2 * l2, cpu) == 1  # one head larger than L2
+    assert fg._group_heads(3, l2, cpu) == 1
