@@ -92,6 +92,7 @@ def deterministic(request):
     ((129, 64), 129, True, False),
     ((2, 2, 3, 65, 128), 200, False, False),
     ((2, 77, 128), 290, True, False),
+    ((3, 50, 200, 64), 200, True, False),  # 300 forward work items: more than the programs
 ])
 def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, deterministic, shape_q, n_k, causal,
                                                                   transposed):
@@ -116,7 +117,10 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
         assert 1 <= args["group_heads"] <= bh, name
         rows = cfg.block_n if name == "_flash_bwd_dkdv_kernel" else cfg.block_m
         tiles = triton.cdiv(n_k if name == "_flash_bwd_dkdv_kernel" else n_q, rows)
-        if name == "_flash_bwd_dkdv_kernel" and fused and d > 64 and causal:  # query rows, causal: heads fastest
+        if name == "_flash_fwd_kernel":  # persistent: at most a program an SM, each walking work items
+            assert tuple(grid) == (min(bh * tiles, fg._resident_programs(q.device)), 1, 1), name
+            assert args["n_bh"] == bh, name
+        elif name == "_flash_bwd_dkdv_kernel" and fused and d > 64 and causal:  # query rows, causal: heads fastest
             assert tuple(grid) == (bh, tiles, 1) and args["group_heads"] == bh, name
         else:  # one-dimensional, a group of heads' tiles adjacent (_tile_and_head)
             assert tuple(grid) == (bh * tiles, 1, 1), name
