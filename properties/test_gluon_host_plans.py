@@ -118,7 +118,7 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
         rows = cfg.block_n if name == "_flash_bwd_dkdv_kernel" else cfg.block_m
         tiles = triton.cdiv(n_k if name == "_flash_bwd_dkdv_kernel" else n_q, rows)
         if name == "_flash_fwd_kernel":  # persistent: at most a program an SM, each walking work items
-            assert tuple(grid) == (min(bh * tiles, fg._resident_programs(q.device)), 1, 1), name
+            assert tuple(grid) == (fg._forward_programs(bh * tiles, causal, True, q.device), 1, 1), name
             assert args["n_bh"] == bh, name
         elif name == "_flash_bwd_dkdv_kernel" and fused and d > 64 and causal:  # query rows, causal: heads fastest
             assert tuple(grid) == (bh, tiles, 1) and args["group_heads"] == bh, name
@@ -149,3 +149,26 @@ def test_grids_group_as_many_heads_as_fit_a_share_of_l2():
     assert fg._group_heads(64, per_head, cpu) == int(fg.L2_SHARE * l2) // per_head  # a quarter: 4 heads
     assert fg._group_heads(64, 2 * l2, cpu) == 1  # one head larger than L2
     assert fg._group_heads(3, l2, cpu) == 1
+
+
+def test_persistent_forward_runs_a_program_an_sm_unless_causal_items_restart_each_group(launches):
+    """The forward's grid: at most a program an SM (each walking its rounds of work items) for
+    full attention, and for causal where every head is one group (the items shorten in one
+    run, which the snake rounds balance); one program an item for causal in groups of heads."""
+    programs = fg._resident_programs(torch.device("cpu"))
+    assert fg._forward_programs(1000, False, False, torch.device("cpu")) == programs
+    assert fg._forward_programs(1000, True, True, torch.device("cpu")) == programs
+    assert fg._forward_programs(1000, True, False, torch.device("cpu")) == 1000
+    assert fg._forward_programs(7, False, True, torch.device("cpu")) == 7
+    q, k, v = _inputs((3, 50, 200, 64), 200, False)  # 300 items
+    fg._PLANS.clear()
+    for causal, group, expected in ((True, 150, programs), (True, 4, 300), (False, 4, programs)):
+        launches.clear()
+        fg._PLANS.clear()
+        fg._group_heads, saved = (lambda n_heads, per_head_bytes, device, group=group: group), fg._group_heads
+        try:
+            fg.flash_forward(q, k, v, causal)
+        finally:
+            fg._group_heads = saved
+        (name, grid, args, _), = launches
+        assert name == "_flash_fwd_kernel" and tuple(grid) == (expected, 1, 1), (causal, group, grid)
