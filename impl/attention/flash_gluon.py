@@ -32,7 +32,8 @@ Schedule
     tile of a batch-head, 64 rows a consumer) in rounds (_round_item), and its loader brings
     the next item's Q, K and V while the consumers finish the last item's products and store
     its O (Q is reloaded once both consumers' last S has retired; the ring's count runs on
-    across items).  With as many programs as items it is one program an item.  Per key
+    across items).  Causal grids whose heads run in groups get one program an item instead
+    (_forward_programs: static rounds would not balance their items).  Per key
     tile j a consumer issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, both asynchronous;
     waits for S_j alone, frees K_j's slot, runs the softmax of tile j while the P V product
     is in flight, then waits for it, frees V's slot and rescales O by exp(m_{j-1} - m_j).
