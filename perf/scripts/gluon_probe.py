@@ -1,10 +1,12 @@
 """First look at the Gluon flavour on a Hopper GPU: forward and backward against float64
 attention at a handful of shapes (ragged tails, N_q != N_k, causal, both head dims, a
-transposed layout), each kernel under a watchdog so a barrier deadlock reads as such.
+transposed layout), and each kept mutant in a child process with a time limit, so that a
+barrier deadlock reads as such.
 
     PYTHONPATH=. python perf/scripts/gluon_probe.py
 """
 
+import subprocess
 import sys
 import time
 
@@ -40,7 +42,21 @@ SHAPES = [(1, 1, 128, 128, 64, False), (1, 1, 128, 128, 64, True), (2, 3, 256, 2
           (2, 2, 1, 65, 64, False), (2, 2, 65, 1, 128, True), (1, 4, 1000, 1000, 128, True),
           (1, 4, 1024, 1024, 64, False)]
 
-if __name__ == "__main__":
+MUTANT_LIMIT_S = 60  # a mutant's case, compilation included, takes a few seconds
+
+
+def mutant_case(name: str) -> None:
+    """One kept mutant at 8 key tiles (past the ring); a launch failure is its result too."""
+    try:
+        errs, _ = case(2, 4, 1000, 1000, 64, False, fn=mutant_function(name))
+        print(f"mutant {name}: max|err| O, dQ, dK, dV = " + ", ".join(f"{e:.3g}" for e in errs), flush=True)
+    except Exception as exc:  # noqa: BLE001 - any failure of a mutant is reported as such
+        print(f"mutant {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--mutant"]:
+    mutant_case(sys.argv[2])
+elif __name__ == "__main__":
     bad = 0
     for shape in SHAPES:
         for transposed in (False, True):
@@ -80,10 +96,12 @@ if __name__ == "__main__":
                   + ", ".join(f"{e:.2e}" for e in errs) + f"  ({took:.2f} s)", flush=True)
     errs, _ = case(1, 2, 200, 200, 64, True, dtype=torch.float16)
     print("fp16", errs, flush=True)
-    for name in sorted(MUTANTS, key=lambda n: n == "ready_phase_off_by_one"):  # the one that may hang last
-        try:  # a mutant may end in a launch failure (the phase one does): that is its result, not the probe's
-            errs, _ = case(2, 4, 1000, 1000, 64, False, fn=mutant_function(name))  # 8 key tiles: past the ring
-            print(f"mutant {name}: max|err| O, dQ, dK, dV = " + ", ".join(f"{e:.3g}" for e in errs), flush=True)
-        except Exception as exc:  # noqa: BLE001 - any failure of a mutant is reported as such
-            print(f"mutant {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
+    for name in sorted(MUTANTS):  # each in a child process with a limit: the phase mutant may deadlock
+        try:
+            child = subprocess.run([sys.executable, __file__, "--mutant", name], capture_output=True, text=True,
+                                   timeout=MUTANT_LIMIT_S)
+            lines = (child.stdout + child.stderr).strip().splitlines()
+            print(lines[-1] if lines else f"mutant {name}: exit {child.returncode}, no output", flush=True)
+        except subprocess.TimeoutExpired:
+            print(f"mutant {name}: no result within {MUTANT_LIMIT_S} s (a hang)", flush=True)
     sys.exit(1 if bad else 0)
