@@ -17,7 +17,7 @@ step() {  # name, limit in seconds, command...  (only the names in $STEPS run)
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? $((SECONDS - t0))s: $(tail -n 1 "$OUT/$name.log")" >> "$OUT/summary.txt"
 }
-step probe "${PROBE_S:-120}" python perf/scripts/gluon_probe.py
+step probe "${PROBE_S:-240}" python perf/scripts/gluon_probe.py
 step laws "${LAWS_S:-360}" python -m pytest -n 8 -p no:cacheprovider -q --device cuda --hypothesis-profile ci \
     properties/test_attention.py conformance/spec/test_attention.py conformance/selftests/test_mutants.py \
     -k "gluon or v_slot_freed or ready_phase or rescale_skipped or last_dq" -rfEsp --conformance-report "$OUT/report"
