@@ -40,6 +40,10 @@ for n in (128, 1024):
     plan_f = fg._plan(fg._key("fwd", (q, k, v), True, None, 0), None)
     bkey = fg._key("bwd", (q, k, v, o, lse, do), True, None, (torch.are_deterministic_algorithms_enabled(), 0))
     plan_b = fg._plan(bkey, lambda: fg._BackwardPlan(q, k, v, o, lse, do, True, None))
+    # outputs of the launches timed alone, allocated once (so the inputs are never written)
+    dq_acc = torch.zeros(plan_b.dq_acc_shape, device="cuda")
+    dk_out, dv_out, delta = torch.empty_like(k), torch.empty_like(v), torch.empty_like(lse)
+
     def sdpa_fwd():
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -60,8 +64,8 @@ for n in (128, 1024):
         "bwd gluon": (None, lambda: og.backward(do, retain_graph=True)),
         "bwd gluon, no launch": (NoLaunch, lambda: og.backward(do, retain_graph=True)),
         "bwd plan call": (None, lambda: plan_b(q, k, v, o, lse, do)),
-        "bwd dkdv launch alone": (None, lambda: plan_b.dkdv(k, v, q, do, torch.empty(plan_b.dq_acc_shape, device="cuda"), k, v, lse, lse.clone())),
-        "bwd pre launch alone": (None, lambda: plan_b.pre(o, do, lse, torch.empty(plan_b.dq_acc_shape, device="cuda"))),
+        "bwd dkdv launch alone": (None, lambda: plan_b.dkdv(k, v, q, do, dq_acc, dk_out, dv_out, lse, delta)),
+        "bwd pre launch alone": (None, lambda: plan_b.pre(o, do, delta, dq_acc)),
     }
     rounds = {name: [] for name in variants}
     for r in range(7):
