@@ -96,7 +96,10 @@ elif __name__ == "__main__":
                   + ", ".join(f"{e:.2e}" for e in errs) + f"  ({took:.2f} s)", flush=True)
     errs, _ = case(1, 2, 200, 200, 64, True, dtype=torch.float16)
     print("fp16", errs, flush=True)
-    for name in sorted(MUTANTS):  # each in a child process with a limit: the phase mutant may deadlock
+    # Each mutant in a child process with a limit (the phase mutant may deadlock); --no-mutants
+    # leaves them out (a variant of the module run through perf-out/run_as.py: the children
+    # would import the module itself).
+    for name in sorted(MUTANTS) if "--no-mutants" not in sys.argv else ():
         try:
             child = subprocess.run([sys.executable, __file__, "--mutant", name], capture_output=True, text=True,
                                    timeout=MUTANT_LIMIT_S)

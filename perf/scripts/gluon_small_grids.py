@@ -1,0 +1,59 @@
+"""Device time of the Gluon kernels at CS336's sweep shapes (batch 1, one head), where a
+128-row tile gives a few dozen programs on 132 SMs: kernel microseconds per call by kernel
+(torch.profiler, CUDA activity), beside SDPA flash's and cuDNN's kernels.  Kernel sums leave
+the host out, which decides a do_bench time at the shortest lengths.
+
+    PYTHONPATH=. python perf/scripts/gluon_small_grids.py [--seq 1024 2048 4096 8192] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from impl.attention import flash_gluon as fg
+from perf.lib.measure import kernel_us_per_call
+from perf.lib.workloads import cuda_attention_inputs
+
+
+def _by_kernel(fn, calls=10) -> dict:
+    return {name: us for name, us in kernel_us_per_call(fn, calls).items()}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--seq", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    p.add_argument("--heads", type=int, default=1)
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    rows = []
+    for d in (64, 128):
+        for causal in (True, False):
+            for n in a.seq:
+                q, k, v, do = cuda_attention_inputs(1, a.heads, n, d)
+                qd, kd, vd = (t.detach() for t in (q, k, v))
+                o, lse = fg.flash_forward(qd, kd, vd, causal)
+                row = dict(d=d, causal=causal, n=n)
+                row["gluon_fwd"] = _by_kernel(lambda: fg.flash_forward(qd, kd, vd, causal))
+                row["gluon_bwd"] = _by_kernel(lambda: fg.flash_backward(qd, kd, vd, o, lse, do, causal))
+                for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    with sdpa_kernel(backend):
+                        row[f"{name}_fwd"] = _by_kernel(lambda: F.scaled_dot_product_attention(qd, kd, vd,
+                                                                                                is_causal=causal))
+                        of = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                        row[f"{name}_bwd"] = _by_kernel(lambda: torch.autograd.grad(of, (q, k, v), do,
+                                                                                    retain_graph=True))
+                sums = {key: round(sum(val.values()), 1) for key, val in row.items() if isinstance(val, dict)}
+                print(f"d{d} causal={causal} N{n}: " + "  ".join(f"{key} {us}" for key, us in sums.items()), flush=True)
+                rows.append(row)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
