@@ -93,6 +93,8 @@ def deterministic(request):
     ((2, 2, 3, 65, 128), 200, False, False),
     ((2, 77, 128), 290, True, False),
     ((3, 50, 200, 64), 200, True, False),  # 300 forward work items: more than the programs
+    ((1, 2, 1000, 64), 1000, True, False),  # 16 query tiles of 8 key tiles: the forward's keys in 4 splits
+    ((3, 700, 128), 1500, False, False),  # 18 query tiles of 12 key tiles: 4 splits
 ])
 def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, deterministic, shape_q, n_k, causal,
                                                                   transposed):
@@ -118,8 +120,14 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
         rows = cfg.block_n if name == "_flash_bwd_dkdv_kernel" else cfg.block_m
         tiles = triton.cdiv(n_k if name == "_flash_bwd_dkdv_kernel" else n_q, rows)
         if name == "_flash_fwd_kernel":  # persistent: at most a program an SM, each walking work items
-            assert tuple(grid) == (fg._forward_programs(bh * tiles, causal, True, q.device), 1, 1), name
-            assert args["n_bh"] == bh, name
+            splits = fg._forward_splits(bh * tiles, triton.cdiv(n_k, cfg.block_n), q.device)
+            assert tuple(grid) == (fg._forward_programs(bh * tiles * splits, causal, True, q.device), 1, 1), name
+            assert args["n_bh"] == bh and args["n_splits"] == splits and args["SPLIT"] == (splits > 1), name
+            # every key tile in exactly one split
+            assert args["chunk"] * splits >= triton.cdiv(n_k, cfg.block_n) > args["chunk"] * (splits - 1), name
+            if splits > 1:  # the splits' sums, in float32, for the combine kernel
+                assert args["o_ptr"].shape == (splits * bh, n_q, d) and args["o_ptr"].dtype == torch.float32, name
+                assert args["lse_ptr"].shape == (splits * bh, 2, n_q), name
         elif name == "_flash_bwd_dkdv_kernel" and fused and d > 64 and causal:  # query rows, causal: heads fastest
             assert tuple(grid) == (bh, tiles, 1) and args["group_heads"] == bh, name
         else:  # one-dimensional, a group of heads' tiles adjacent (_tile_and_head)
@@ -172,3 +180,23 @@ def test_persistent_forward_runs_a_program_an_sm_unless_causal_items_restart_eac
             fg._group_heads = saved
         (name, grid, args, _), = launches
         assert name == "_flash_fwd_kernel" and tuple(grid) == (expected, 1, 1), (causal, group, grid)
+
+
+def test_forward_splits_the_keys_only_where_query_tiles_leave_sms_idle():
+    """Split-KV where the query tiles fill few SMs: a power of two, items x splits within a
+    program an SM, and at least MIN_SPLIT_TILES key tiles a split; no split on a full grid or
+    with few keys."""
+    cpu = torch.device("cpu")
+    programs = fg._resident_programs(cpu)
+    assert fg._forward_splits(programs, 512, cpu) == 1  # a full grid
+    assert fg._forward_splits(programs // 2 + 1, 512, cpu) == 1
+    assert fg._forward_splits(1, 3, cpu) == 1  # three key tiles: two splits would leave one a tile
+    assert fg._forward_splits(1, 4, cpu) == 2
+    assert fg._forward_splits(32, 32, cpu) == 4  # B1 H1 N4096 d64 (128-row tiles): 128 programs
+    assert fg._forward_splits(8, 8, cpu) == 4  # N 1024: two key tiles a split
+    for items in (1, 5, 17, 40, 70):
+        for key_tiles in (1, 2, 7, 64, 513):
+            splits = fg._forward_splits(items, key_tiles, cpu)
+            assert splits & (splits - 1) == 0 and items * splits <= max(programs, items)
+            assert splits == 1 or key_tiles // splits >= fg.MIN_SPLIT_TILES
+            assert items * splits * 2 > programs or key_tiles // (2 * splits) < fg.MIN_SPLIT_TILES  # the largest

@@ -236,9 +236,18 @@ if GLUON_IMPORT_ERROR is None:
         return n
 
     @gluon.jit
-    def _fwd_work(t, n_m_tiles, n_bh, group_heads, H, n_q, n_k,
-                  IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-        """Forward work item t: its batch, head, first query row and number of key tiles."""
+    def _fwd_work(t, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
+                  IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr):
+        """Forward work item t: its batch, head, first query row, first key tile and number
+        of key tiles, whether its sums count, and its split.  SPLIT: item t is split
+        t % n_splits of query tile t // n_splits, key tiles [split chunk, (split + 1) chunk)
+        of those the tile sees; a split past them runs key tile 0 and is discarded (its sums
+        stored as acc = 0, m = -inf, l = 0, which the combine weighs 0), so every item has
+        work and the two partitions' protocol stays the same."""
+        split = 0
+        if SPLIT:
+            split = t % n_splits
+            t = t // n_splits
         m_tile, bh = _tile_and_head_at(t, n_bh, n_m_tiles, group_heads)
         if IS_CAUSAL:  # the tiles with the most keys first, so the last round is short ones
             m_tile = n_m_tiles - 1 - m_tile
@@ -247,21 +256,30 @@ if GLUON_IMPORT_ERROR is None:
             n_tiles = gl.cdiv(gl.minimum(n_k, q_start + BLOCK_M), BLOCK_N)
         else:
             n_tiles = gl.cdiv(n_k, BLOCK_N)
-        return bh // H, bh % H, bh, q_start, n_tiles
+        first = 0
+        keep = True
+        if SPLIT:
+            first = split * chunk
+            keep = first < n_tiles
+            n_tiles = gl.where(keep, gl.minimum(n_tiles - first, chunk), 1)
+            first = gl.where(keep, first, 0)
+        return bh // H, bh % H, bh, q_start, first, n_tiles, keep, split
 
     @gluon.jit
     def _fwd_loader(q_desc, k_desc, v_desc, q_smem, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
-                    v_empty, n_m_tiles, n_bh, group_heads, H, n_q, n_k,
-                    IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                    v_empty, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
+                    IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                    SPLIT: gl.constexpr):
         """The loader warp: per work item of this program, Q once both consumers are done with
         the last one's, then its K and V tiles into the ring (one count across items, so the
         next item's first tiles land while the consumers finish the last one)."""
         c = 0  # ring uses so far
         n_items = 0
-        for r in range(_rounds(n_m_tiles * n_bh)):
+        for r in range(_rounds(n_m_tiles * n_bh * n_splits)):
             t = _round_item(r)
-            b_i, h_i, bh, q_start, n_tiles = _fwd_work(t, n_m_tiles, n_bh, group_heads, H, n_q, n_k,
-                                                       IS_CAUSAL, BLOCK_M, BLOCK_N)
+            b_i, h_i, bh, q_start, first, n_tiles, _, _ = _fwd_work(t, n_m_tiles, n_bh, group_heads, H, n_q, n_k,
+                                                                    n_splits, chunk, IS_CAUSAL, BLOCK_M, BLOCK_N,
+                                                                    SPLIT)
             mbarrier.wait(q_empty.index(0), (n_items & 1) ^ 1)
             mbarrier.expect(q_ready, q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [b_i, h_i, q_start, 0], q_ready, q_smem)
@@ -270,21 +288,22 @@ if GLUON_IMPORT_ERROR is None:
                 phase = (c // STAGES) & 1
                 mbarrier.wait(k_empty.index(slot), phase ^ 1)
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [b_i, h_i, j * BLOCK_N, 0], k_ready.index(slot),
+                tma.async_copy_global_to_shared(k_desc, [b_i, h_i, (first + j) * BLOCK_N, 0], k_ready.index(slot),
                                                 k_bufs.index(slot))
                 mbarrier.wait(v_empty.index(slot), phase ^ 1)
                 mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [b_i, h_i, j * BLOCK_N, 0], v_ready.index(slot),
+                tma.async_copy_global_to_shared(v_desc, [b_i, h_i, (first + j) * BLOCK_N, 0], v_ready.index(slot),
                                                 v_bufs.index(slot))
                 c += 1
             n_items += 1
 
     @gluon.jit
     def _fwd_consumer(q_tile, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
-                      o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, qk_scale, sm_scale,
+                      o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk, qk_scale, sm_scale,
                       stride_ob, stride_oh, stride_on,
                       IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, MUTANT: gl.constexpr):
+                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr,
+                      MUTANT: gl.constexpr):
         """One warpgroup's ROWS query rows (rows WG * ROWS .. of each work item's BLOCK_M), over
         every key tile of each of this program's work items (each slot's empty barrier, and
         Q's, counts both consumers' arrivals)."""
@@ -297,10 +316,10 @@ if GLUON_IMPORT_ERROR is None:
         flip: gl.constexpr = 1 if MUTANT == 2 else 0
         c = 0  # ring uses so far, as the loader counts them
         n_items = 0
-        for r in range(_rounds(n_m_tiles * n_bh)):
+        for r in range(_rounds(n_m_tiles * n_bh * n_splits)):
             t = _round_item(r)
-            _, _, _, q_start, n_tiles = _fwd_work(t, n_m_tiles, n_bh, group_heads, H, n_q, n_k,
-                                                  IS_CAUSAL, BLOCK_M, BLOCK_N)
+            _, _, _, q_start, first, n_tiles, _, _ = _fwd_work(t, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits,
+                                                               chunk, IS_CAUSAL, BLOCK_M, BLOCK_N, SPLIT)
             q_start += WG * ROWS
             m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
             l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
@@ -314,8 +333,8 @@ if GLUON_IMPORT_ERROR is None:
                               use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s, ))
             _release(k_empty, slot)
-            p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, 0, q_start, n_k, qk_scale, IS_CAUSAL, ROWS,
-                                                 BLOCK_N, s_layout, MUTANT == 3)
+            p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, first * BLOCK_N, q_start, n_k, qk_scale, IS_CAUSAL,
+                                                 ROWS, BLOCK_N, s_layout, MUTANT == 3)
             if MUTANT == 1:
                 mbarrier.wait(v_ready.index(slot), (c // STAGES) & 1)
                 _release(v_empty, slot)
@@ -331,8 +350,8 @@ if GLUON_IMPORT_ERROR is None:
                 acc = warpgroup_mma(p_op, _tile(v_bufs, prev, BLOCK_N, HEAD_DIM), acc, is_async=True)
                 s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j retired; P_{j-1} V_{j-1} may still run
                 _release(k_empty, slot)
-                p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, j * BLOCK_N, q_start, n_k, qk_scale, IS_CAUSAL,
-                                                     ROWS, BLOCK_N, s_layout, MUTANT == 3)
+                p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, (first + j) * BLOCK_N, q_start, n_k, qk_scale,
+                                                     IS_CAUSAL, ROWS, BLOCK_N, s_layout, MUTANT == 3)
                 if MUTANT == 1:  # the kept mutant 1 hands V_j's slot back as soon as V_j lands, a product early
                     mbarrier.wait(v_ready.index(slot), ((c + j) // STAGES) & 1)
                     _release(v_empty, slot)
@@ -353,24 +372,34 @@ if GLUON_IMPORT_ERROR is None:
 
             # O = acc / l; L = m * scale + ln l (natural log, per query row).  The item's batch-head
             # is derived again here rather than kept through the loop (registers).
-            b_i, h_i, bh, _, _ = _fwd_work(t, n_m_tiles, n_bh, group_heads, H, n_q, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N)
-            l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-            out = (acc / l_o[:, None]).to(dtype)
+            b_i, h_i, bh, _, _, _, keep, split = _fwd_work(t, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits,
+                                                           chunk, IS_CAUSAL, BLOCK_M, BLOCK_N, SPLIT)
             rows = q_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
             cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-            o_base = o_ptr + b_i * stride_ob + h_i * stride_oh
-            gl.store(o_base + rows[:, None] * stride_on + cols[None, :], out, mask=(rows < n_q)[:, None])
             lse_rows = q_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-            lse = m_i * sm_scale + gl.log(l_i)
-            gl.store(lse_ptr + bh * n_q + lse_rows, lse, mask=lse_rows < n_q)
+            if SPLIT:  # this split's unnormalised acc, running max and sum (the combine kernel's input)
+                part = (split * n_bh + bh).to(gl.int64)
+                acc = gl.where(keep, acc, 0.0)
+                gl.store(o_ptr + part * n_q * HEAD_DIM + rows[:, None] * HEAD_DIM + cols[None, :], acc,
+                         mask=(rows < n_q)[:, None])
+                gl.store(lse_ptr + 2 * part * n_q + lse_rows, gl.where(keep, m_i, float("-inf")),
+                         mask=lse_rows < n_q)
+                gl.store(lse_ptr + (2 * part + 1) * n_q + lse_rows, gl.where(keep, l_i, 0.0), mask=lse_rows < n_q)
+            else:
+                l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+                out = (acc / l_o[:, None]).to(dtype)
+                o_base = o_ptr + b_i * stride_ob + h_i * stride_oh
+                gl.store(o_base + rows[:, None] * stride_on + cols[None, :], out, mask=(rows < n_q)[:, None])
+                lse = m_i * sm_scale + gl.log(l_i)
+                gl.store(lse_ptr + bh * n_q + lse_rows, lse, mask=lse_rows < n_q)
             n_items += 1
 
     @gluon.jit
     def _flash_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, H, n_q, n_k, qk_scale, sm_scale,
-                          stride_ob, stride_oh, stride_on, n_bh, group_heads,
+                          stride_ob, stride_oh, stride_on, n_bh, group_heads, n_splits, chunk,
                           IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                          num_warps: gl.constexpr, MUTANT: gl.constexpr):
+                          num_warps: gl.constexpr, SPLIT: gl.constexpr, MUTANT: gl.constexpr):
         # Persistent: each program walks work items (a BLOCK_M query tile of a batch-head)
         # program_id, + num_programs, ... in _tile_and_head_at's order.  Two consumer
         # warpgroups (the default partition, num_warps=4, and a 4-warp worker), BLOCK_M // 2
@@ -399,16 +428,16 @@ if GLUON_IMPORT_ERROR is None:
         q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
         gl.warp_specialize([
             (_fwd_consumer, (q_tile.slice(0, ROWS), q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
-                             v_empty, o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, qk_scale, sm_scale,
-                             stride_ob, stride_oh, stride_on,
-                             IS_CAUSAL, BLOCK_M, ROWS, BLOCK_N, HEAD_DIM, STAGES, 0, MUTANT)),
+                             v_empty, o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
+                             qk_scale, sm_scale, stride_ob, stride_oh, stride_on,
+                             IS_CAUSAL, BLOCK_M, ROWS, BLOCK_N, HEAD_DIM, STAGES, 0, SPLIT, MUTANT)),
             (_fwd_consumer, (q_tile.slice(ROWS, ROWS), q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
-                             v_empty, o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, qk_scale, sm_scale,
-                             stride_ob, stride_oh, stride_on,
-                             IS_CAUSAL, BLOCK_M, ROWS, BLOCK_N, HEAD_DIM, STAGES, 1, MUTANT)),
+                             v_empty, o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
+                             qk_scale, sm_scale, stride_ob, stride_oh, stride_on,
+                             IS_CAUSAL, BLOCK_M, ROWS, BLOCK_N, HEAD_DIM, STAGES, 1, SPLIT, MUTANT)),
             (_fwd_loader, (q_desc, k_desc, v_desc, q_smem, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty,
-                           v_ready, v_empty, n_m_tiles, n_bh, group_heads, H, n_q, n_k,
-                           IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES)),
+                           v_ready, v_empty, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
+                           IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, SPLIT)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
     @gluon.jit
@@ -944,6 +973,23 @@ def _forward_programs(items: int, causal: bool, all_heads_one_group: bool, devic
     return min(items, _resident_programs(device))
 
 
+# Fewest key tiles a split of the forward's keys gets (_forward_splits).
+MIN_SPLIT_TILES = 2
+
+
+def _forward_splits(items: int, key_tiles: int, device: torch.device) -> int:
+    """Into how many splits the forward cuts each query tile's keys (split-KV): the largest
+    power of two that keeps items x splits within a program an SM and each split at least
+    MIN_SPLIT_TILES key tiles; 1 (no split) on a grid that fills the GPU.  At batch 1 and one
+    head (CS336's sweep), N 4096 gives 32 query tiles for 132 SMs, and each program's key
+    loop is the whole time: SDPA flash splits such grids and ran 23 us against our 40 on an
+    H100 (perf/scripts/gluon_small_grids.py)."""
+    splits, programs = 1, _resident_programs(device)
+    while items * splits * 2 <= programs and key_tiles // (splits * 2) >= MIN_SPLIT_TILES:
+        splits *= 2
+    return splits
+
+
 def _validate(q, k, v, is_causal, scale) -> float:
     scale = validate_attention_inputs(q, k, v, is_causal, scale, dtypes=GLUON_DTYPES)
     d = q.shape[-1]
@@ -1000,18 +1046,40 @@ class _ForwardPlan:
         self.lse_shape = q.shape[:-1]
         group = _group_heads(B * H, 2 * n_k * d * q.element_size(), q.device)  # K and V stream
         items = B * H * triton.cdiv(n_q, cfg.block_m)
+        key_tiles = triton.cdiv(n_k, cfg.block_n)
+        splits = _forward_splits(items, key_tiles, q.device)
         self.launch = _launch(
-            _flash_fwd_kernel, (_forward_programs(items, self.is_causal, group == B * H, q.device),),
-            (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4_strides[:3], B * H, group),
+            _flash_fwd_kernel, (_forward_programs(items * splits, self.is_causal, group == B * H, q.device),),
+            (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4_strides[:3], B * H, group, splits,
+             triton.cdiv(key_tiles, splits)),
             dict(IS_CAUSAL=self.is_causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
-                 CONSUMER_REGS=cfg.consumer_regs, MUTANT=mutant), cfg, q.device, (cfg.block_m, cfg.block_n, cfg.block_n))
+                 CONSUMER_REGS=cfg.consumer_regs, SPLIT=splits > 1, MUTANT=mutant), cfg, q.device,
+            (cfg.block_m, cfg.block_n, cfg.block_n))
+        self.parts = self.combine = None
+        if splits > 1:
+            # The splits' unnormalised sums and (max, sum) rows, merged by the Triton flavour's
+            # combine kernel (the same layout: (splits B H, N, d) and (splits B H, 2, N)).
+            from impl.attention.flash_triton import _flash_fwd_combine_kernel, _options
+
+            rows = 64  # the combine's tile: twice the programs of 128 rows on these small grids
+            self.parts = ((splits * B * H, n_q, d), (splits * B * H, 2, n_q))
+            self.combine = Launch(_flash_fwd_combine_kernel, (triton.cdiv(n_q, rows) * B * H,),
+                                  (*o4_strides, H, n_q, triton.cdiv(n_q, rows), splits, self.scale,
+                                   self.scale * LOG2E), dict(HEAD_DIM=d, BLOCK_M=rows, BLOCK_D=d),
+                                  _options(q.device, 4, 1), q.device)
 
     def __call__(self, q, k, v):
         q4, k4, v4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v), self.copy))
         cfg = self.cfg
         o = torch.empty_strided(q.shape, self.o_strides, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
-        self.launch(q4, k4, v4, o, lse)
+        if self.combine is None:
+            self.launch(q4, k4, v4, o, lse)
+        else:
+            o_part = torch.empty(self.parts[0], dtype=torch.float32, device=q.device)
+            ml_part = torch.empty(self.parts[1], dtype=torch.float32, device=q.device)
+            self.launch(q4, k4, v4, o_part, ml_part)
+            self.combine(o_part, ml_part, o, lse)
         return o, lse
 
 
