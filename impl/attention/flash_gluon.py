@@ -973,8 +973,10 @@ def _forward_programs(items: int, causal: bool, all_heads_one_group: bool, devic
     return min(items, _resident_programs(device))
 
 
-# Fewest key tiles a split of the forward's keys gets (_forward_splits).
+# Fewest key tiles a split of the forward's keys gets (_forward_splits), and the query rows a
+# program of the combine kernel merges.
 MIN_SPLIT_TILES = 2
+COMBINE_ROWS = 64
 
 
 def _forward_splits(items: int, key_tiles: int, device: torch.device) -> int:
@@ -1061,7 +1063,7 @@ class _ForwardPlan:
             # combine kernel (the same layout: (splits B H, N, d) and (splits B H, 2, N)).
             from impl.attention.flash_triton import _flash_fwd_combine_kernel, _options
 
-            rows = 64  # the combine's tile: twice the programs of 128 rows on these small grids
+            rows = COMBINE_ROWS
             self.parts = ((splits * B * H, n_q, d), (splits * B * H, 2, n_q))
             self.combine = Launch(_flash_fwd_combine_kernel, (triton.cdiv(n_q, rows) * B * H,),
                                   (*o4_strides, H, n_q, triton.cdiv(n_q, rows), splits, self.scale,

@@ -3,7 +3,7 @@
 (torch.profiler, CUDA activity), beside SDPA flash's and cuDNN's kernels.  Kernel sums leave
 the host out, which decides a do_bench time at the shortest lengths.
 
-    PYTHONPATH=. python perf/scripts/gluon_small_grids.py [--seq 1024 2048 4096 8192] [--out FILE]
+    PYTHONPATH=. python perf/scripts/gluon_small_grids.py [--seq 1024 2048 4096 8192] [--no-peers] [--out FILE]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def main():
     p.add_argument("--seq", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     p.add_argument("--heads", type=int, default=1)
     p.add_argument("--out", default=None)
+    p.add_argument("--no-peers", action="store_true", help="the Gluon kernels alone (A/B of module variants)")
     a = p.parse_args()
     rows = []
     for d in (64, 128):
@@ -40,7 +41,8 @@ def main():
                 row = dict(d=d, causal=causal, n=n)
                 row["gluon_fwd"] = _by_kernel(lambda: fg.flash_forward(qd, kd, vd, causal))
                 row["gluon_bwd"] = _by_kernel(lambda: fg.flash_backward(qd, kd, vd, o, lse, do, causal))
-                for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                peers = () if a.no_peers else (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION))
+                for name, backend in peers:
                     with sdpa_kernel(backend):
                         row[f"{name}_fwd"] = _by_kernel(lambda: F.scaled_dot_product_attention(qd, kd, vd,
                                                                                                 is_causal=causal))
