@@ -974,9 +974,12 @@ def _forward_programs(items: int, causal: bool, all_heads_one_group: bool, devic
 
 
 # Fewest key tiles a split of the forward's keys gets (_forward_splits), and the query rows a
-# program of the combine kernel merges.
+# program of the combine kernel merges.  On an H200 at B1 H1 (perf/scripts/gluon_small_grids.py,
+# forward and combine, us): 16-row combine programs against 64, N 2048: 10.6-11.4 against 12.4
+# (d 64), 13.6-14.4 against 16.5 (d 128); splits of one key tile instead of two at N 1024
+# within 5 % either way, so not worth a second launch at N 256.
 MIN_SPLIT_TILES = 2
-COMBINE_ROWS = 64
+COMBINE_ROWS = 16
 
 
 def _forward_splits(items: int, key_tiles: int, device: torch.device) -> int:
