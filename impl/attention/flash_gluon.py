@@ -33,7 +33,10 @@ Schedule
     the next item's Q, K and V while the consumers finish the last item's products and store
     its O (Q is reloaded once both consumers' last S has retired; the ring's count runs on
     across items).  Causal grids whose heads run in groups get one program an item instead
-    (_forward_programs: static rounds would not balance their items).  Per key
+    (_forward_programs: static rounds would not balance their items).  Grids whose query
+    tiles leave SMs idle (batch 1, one head: CS336's sweep) cut each tile's keys into splits
+    (_forward_splits); a split stores its unnormalised acc, running max and sum in float32,
+    and the Triton flavour's combine kernel merges them into O and L.  Per key
     tile j a consumer issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, both asynchronous;
     waits for S_j alone, frees K_j's slot, runs the softmax of tile j while the P V product
     is in flight, then waits for it, frees V's slot and rescales O by exp(m_{j-1} - m_j).

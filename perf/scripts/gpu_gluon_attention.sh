@@ -18,7 +18,9 @@ step() {  # name, limit in seconds, command...  (only the names in $STEPS run)
   echo "$name rc=$? $((SECONDS - t0))s: $(tail -n 1 "$OUT/$name.log")" >> "$OUT/summary.txt"
 }
 step probe "${PROBE_S:-240}" python perf/scripts/gluon_probe.py
-step laws "${LAWS_S:-360}" python -m pytest -n 8 -p no:cacheprovider -q --device cuda --hypothesis-profile ci \
+# 12 workers of 16 cores: the tier compiles many kernel variants (split-KV ones too); with 8 it had
+# not finished at 380 s on an H200, with 12 it took 216 s (perf/results/2026-11-28-hopper-gluon-split-kv).
+step laws "${LAWS_S:-360}" python -m pytest -n 12 -p no:cacheprovider -q --device cuda --hypothesis-profile ci \
     properties/test_attention.py conformance/spec/test_attention.py conformance/selftests/test_mutants.py \
     -k "gluon or v_slot_freed or ready_phase or rescale_skipped or last_dq" -rfEsp --conformance-report "$OUT/report"
 common=(--device cuda --dtypes bf16 --impls gluon triton sdpa_flash sdpa_cudnn --rounds 3 --no-plots)
