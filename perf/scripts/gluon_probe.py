@@ -40,7 +40,12 @@ def case(b, h, n_q, n_k, d, causal, dtype=torch.bfloat16, transposed=False, fn=F
 SHAPES = [(1, 1, 128, 128, 64, False), (1, 1, 128, 128, 64, True), (2, 3, 256, 256, 64, True),
           (1, 2, 129, 129, 64, True), (1, 2, 100, 300, 128, False), (1, 2, 300, 100, 128, True),
           (2, 2, 1, 65, 64, False), (2, 2, 65, 1, 128, True), (1, 4, 1000, 1000, 128, True),
-          (1, 4, 1024, 1024, 64, False)]
+          (1, 4, 1024, 1024, 64, False),
+          # small grids, keys in splits (_forward_splits): a non-causal split past the last key
+          # tile (9 tiles in 4 splits of 3), causal splits past a tile's diagonal, N_q < N_k and,
+          # causal, most of eight splits of each query tile discarded
+          (1, 1, 1100, 1100, 64, False), (1, 1, 2000, 2000, 128, True), (1, 2, 300, 3000, 64, False),
+          (1, 1, 700, 3000, 128, True)]
 
 MUTANT_LIMIT_S = 60  # a mutant's case, compilation included, takes a few seconds
 
