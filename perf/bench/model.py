@@ -18,6 +18,10 @@ parameters, gradients and optimizer state stay float32).  Attention: ``eager``
 FlashAttention-2), swapped in place on one model per size, so every backend runs the
 same weights.
 
+``--cuda-graph on``: each step is captured once in a CUDA graph (after three eager steps on
+a side stream) and replayed, so the host's cost per kernel launch leaves every backend's
+time (CUDA only; a capturable AdamW; not combined with ``--compile on`` in one row).
+
 Timing: ``--warmup`` untimed steps, then ``--steps`` timed ones, each between
 ``torch.cuda.synchronize`` calls (a Python timer otherwise reads kernel launches, not
 kernels); the table gives mean, standard deviation, the first timed step and the
@@ -68,7 +72,7 @@ CUDA_DEFAULTS = dict(sizes=list(STANDARD_SIZES), attention=["sdpa", "triton", "e
 CPU_DEFAULTS = dict(sizes=["tiny"], attention=["sdpa", "eager", "pytorch"], precision=["fp32", "bf16"],
                     modes=["forward", "forward_backward", "step"], batch=2, context=[64], warmup=1, steps=3)
 
-TABLE_COLUMNS = ("size", "attention", "precision", "mode", "compiled", "batch", "context", "warmup", "steps",
+TABLE_COLUMNS = ("size", "attention", "precision", "mode", "compiled", "graphed", "batch", "context", "warmup", "steps",
                  "median_ms", "mean_ms", "std_ms", "first_ms", "min_ms", "tokens_per_s", "peak_mib", "compile_s", "status")
 
 
@@ -81,19 +85,21 @@ def set_attention(model: gpt.GPT, backend: str) -> None:
             module.backend = backend
 
 
-def precision_context(precision: str, device: torch.device):
+def precision_context(precision: str, device: torch.device, cache_enabled: bool = True):
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache_enabled)
     raise ValueError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
 
 
 def make_step(model: gpt.GPT, mode: str, precision: str, batch: int, context: int,
-              optimizer: torch.optim.Optimizer | None = None, seed: int = 0, compiled: bool = False) -> Callable[[], None]:
+              optimizer: torch.optim.Optimizer | None = None, seed: int = 0, compiled: bool = False,
+              autocast_cache: bool = True, zero_grad: bool = True) -> Callable[[], None]:
     """One benchmark step of the given mode on a fixed random batch (``compiled``: the
     forward through ``torch.compile(model)``, the same parameters; backward and the
-    optimizer step stay eager)."""
+    optimizer step stay eager).  ``zero_grad=False`` leaves the gradients' reset to the
+    caller (make_graphed_step: outside the captured graph)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     if mode == "step" and optimizer is None:
@@ -106,7 +112,7 @@ def make_step(model: gpt.GPT, mode: str, precision: str, batch: int, context: in
     forward_model = torch.compile(model, dynamic=False) if compiled else model
 
     def forward_loss():
-        with record_function("forward"), precision_context(precision, device):
+        with record_function("forward"), precision_context(precision, device, autocast_cache):
             logits = forward_model(inputs)
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
@@ -123,19 +129,56 @@ def make_step(model: gpt.GPT, mode: str, precision: str, batch: int, context: in
             forward_loss()
     elif mode == "forward_backward":
         def step():
-            model.zero_grad(set_to_none=True)
+            if zero_grad:
+                model.zero_grad(set_to_none=True)
             backward(forward_loss())
     else:
         def step():
-            optimizer.zero_grad(set_to_none=True)
+            if zero_grad:
+                optimizer.zero_grad(set_to_none=True)
             backward(forward_loss())
             with record_function("optimizer_step"):
                 optimizer.step()
     return step
 
 
-def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+def make_optimizer(model: torch.nn.Module, capturable: bool = False) -> torch.optim.Optimizer:
+    """AdamW; ``capturable``: its step count on the GPU, so a CUDA graph can replay the step."""
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, capturable=capturable)
+
+
+GRAPH_WARMUP = 3  # eager steps on a side stream before capture (the docs' recipe: lazy state, allocator)
+
+
+def make_graphed_step(model: gpt.GPT, mode: str, precision: str, batch: int, context: int,
+                      optimizer: torch.optim.Optimizer | None = None, seed: int = 0) -> Callable[[], None]:
+    """The step of ``make_step`` captured once in a CUDA graph (whole-network capture): a
+    call replays every kernel of the step with one launch, so the host's cost per kernel is
+    gone for every attention backend alike.  Fixed shapes and addresses: the batch, the
+    gradients (allocated by the captured backward, from the graph's pool) and the optimizer's
+    state stay where capture put them.  Autocast's weight cache is off (the graph must not
+    hold casts made outside it).  CUDA only; the optimizer must be capturable."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        raise ValueError(f"a CUDA-graphed step needs a CUDA device; the model is on {device}")
+    if mode == "inference":
+        raise ValueError("a CUDA-graphed step records autograd: modes forward, forward_backward, step")
+    if mode == "step" and (optimizer is None or not optimizer.defaults.get("capturable")):
+        raise ValueError("a CUDA-graphed step needs an optimizer made with capturable=True")
+    body = make_step(model, mode, precision, batch, context, optimizer, seed=seed, autocast_cache=False,
+                     zero_grad=False)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(GRAPH_WARMUP):
+            model.zero_grad(set_to_none=True)
+            body()
+    torch.cuda.current_stream(device).wait_stream(side)
+    model.zero_grad(set_to_none=True)  # the captured backward allocates the gradients it writes
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph.replay
 
 
 @dataclass(frozen=True)
@@ -147,10 +190,11 @@ class ModelCase:
     batch: int
     context: int
     compiled: bool = False
+    graphed: bool = False
 
     def row(self, **values) -> dict:
         return dict(size=self.size, attention=self.attention, precision=self.precision, mode=self.mode,
-                    batch=self.batch, context=self.context, compiled=self.compiled, **values)
+                    batch=self.batch, context=self.context, compiled=self.compiled, graphed=self.graphed, **values)
 
 
 def measure_case(model: gpt.GPT, case: ModelCase, *, warmup: int, steps: int) -> dict:
@@ -161,8 +205,12 @@ def measure_case(model: gpt.GPT, case: ModelCase, *, warmup: int, steps: int) ->
     outcome, optimizer, step = None, None, None
     try:
         set_attention(model, case.attention)
-        optimizer = make_optimizer(model) if case.mode == "step" else None
-        step = make_step(model, case.mode, case.precision, case.batch, case.context, optimizer, compiled=case.compiled)
+        optimizer = make_optimizer(model, capturable=case.graphed) if case.mode == "step" else None
+        if case.graphed:  # capture (after its own eager warm-up) is not timed; replays are
+            step = make_graphed_step(model, case.mode, case.precision, case.batch, case.context, optimizer)
+        else:
+            step = make_step(model, case.mode, case.precision, case.batch, case.context, optimizer,
+                             compiled=case.compiled)
         for i in range(warmup):
             started = time.perf_counter()
             step()
@@ -188,7 +236,7 @@ def measure_case(model: gpt.GPT, case: ModelCase, *, warmup: int, steps: int) ->
 
 def run_benchmarks(sizes: Sequence[str], attentions: Sequence[str], precisions: Sequence[str],
                    modes: Sequence[str], contexts: Sequence[int], *, batch: int, warmup: int, steps: int,
-                   compiled: Sequence[bool] = (False,),
+                   compiled: Sequence[bool] = (False,), graphed: Sequence[bool] = (False,),
                    device="cpu", time_budget_s: float | None = None, log=print) -> list[dict]:
     """Every (size, context, precision, attention, mode); one model per size."""
     device = torch.device(device)
@@ -205,8 +253,9 @@ def run_benchmarks(sizes: Sequence[str], attentions: Sequence[str], precisions: 
     deadline = Deadline(time_budget_s)
     rows: list[dict] = []
     for size in sizes:
-        cases = [ModelCase(size, a, p, m, batch, c, comp) for c in contexts for p in precisions for a in attentions
-                 for comp in compiled for m in modes]
+        cases = [ModelCase(size, a, p, m, batch, c, comp, graph) for c in contexts for p in precisions
+                 for a in attentions for comp in compiled for graph in graphed for m in modes
+                 if not (comp and graph)]  # torch.compile's own graphs are mode="reduce-overhead"
         if deadline.expired:
             rows += [c.row(status=measure.SKIPPED, detail="time budget") for c in cases]
             continue
@@ -244,9 +293,10 @@ def run_benchmarks(sizes: Sequence[str], attentions: Sequence[str], precisions: 
 def relative_to(rows: Sequence[dict], baseline: str = "eager") -> None:
     """Add ``speedup_vs_<baseline>``: the baseline attention's mean time over this row's."""
     key = f"speedup_vs_{baseline}"
-    # the eager baseline is the uncompiled one: a compiled row reads against plain eager
+    # the eager baseline is the uncompiled, ungraphed one: other rows read against plain eager
     base = {(r["size"], r["precision"], r["mode"], r["batch"], r["context"]): r["mean_ms"]
-            for r in rows if r["attention"] == baseline and not r.get("compiled") and r.get("mean_ms")}
+            for r in rows if r["attention"] == baseline and not r.get("compiled") and not r.get("graphed")
+            and r.get("mean_ms")}
     for r in rows:
         b = base.get((r["size"], r["precision"], r["mode"], r["batch"], r["context"]))
         r[key] = (b / r["mean_ms"]) if b and r.get("mean_ms") else None
@@ -393,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--context", nargs="+", type=int, help="context lengths (sequence length of the batch)")
     parser.add_argument("--compile", nargs="+", choices=("off", "on"), default=["off"],
                         help="torch.compile the model's forward: off, on, or both side by side (compilation is the first warm-up step, reported as compile_s)")
+    parser.add_argument("--cuda-graph", nargs="+", choices=("off", "on"), default=["off"],
+                        help="replay each step from a CUDA graph captured once (CUDA only; not with --compile on in "
+                             "the same row): off, on, or both side by side")
     parser.add_argument("--warmup", type=int, help="untimed steps first; 0 times the first steps too")
     parser.add_argument("--steps", type=int, help="timed steps")
     parser.add_argument("--time-budget-s", type=float, default=None)
@@ -425,9 +478,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if not opts.no_timing:
         if "on" in opts.compile and warmup < 1:
             raise SystemExit("--compile on needs --warmup >= 1: the first step compiles")
+        if "on" in opts.cuda_graph and device.type != "cuda":
+            raise SystemExit(f"--cuda-graph on needs a CUDA device (this run is on {device})")
+        if "on" in opts.cuda_graph and "inference" in modes:
+            raise SystemExit("--cuda-graph on graphs training steps: drop the inference mode")
         rows = run_benchmarks(sizes, attentions, precisions, modes, contexts, batch=batch, warmup=warmup,
                               steps=steps, device=device, time_budget_s=opts.time_budget_s,
-                              compiled=[c == "on" for c in opts.compile])
+                              compiled=[c == "on" for c in opts.compile],
+                              graphed=[g == "on" for g in opts.cuda_graph])
         relative_to(rows, "eager")
     artifact = dict(size=sizes[0], attention=attentions[0], precision=precisions[0], batch=batch,
                     context=contexts[0], device=device, mode=opts.artifact_mode)

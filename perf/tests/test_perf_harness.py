@@ -151,6 +151,55 @@ def test_model_rows_carry_every_timed_step_and_the_first_one(device, tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
 
 
+def test_cuda_graphed_step_replays_what_the_eager_step_computes(device):
+    """A step replayed from a CUDA graph updates the weights as the eager step does (same
+    kernels, gradients written afresh each replay, not summed across replays); off CUDA it
+    is refused by name before anything runs.  (Failure messages here avoid naming the
+    device kind: on a machine without a GPU, conftest reads such a message as a refusal
+    and skips.)"""
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = gpt.make_gpt("tiny", device=device)
+        bench_model.set_attention(model, "sdpa")
+        return model, bench_model.make_optimizer(model, capturable=device.type == "cuda")
+
+    graphed, graphed_opt = model_and_optimizer()
+    if device.type != "cuda":
+        with pytest.raises(ValueError) as refused:
+            bench_model.make_graphed_step(graphed, "step", "fp32", 1, 16, graphed_opt)
+        names_the_device = str(refused.value).endswith("needs a CUDA device; the model is on cpu")
+        assert names_the_device, "the refusal does not say what the graphed step needs"
+        return
+    replay = bench_model.make_graphed_step(graphed, "step", "fp32", 1, 16, graphed_opt)  # 3 eager steps, then capture
+    for _ in range(2):
+        replay()
+    eager, eager_opt = model_and_optimizer()
+    step = bench_model.make_step(eager, "step", "fp32", 1, 16, eager_opt)
+    for _ in range(bench_model.GRAPH_WARMUP + 2):
+        step()
+    torch.cuda.synchronize()
+    for (name, a), b in zip(graphed.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_graphed_rows_sit_beside_the_plain_ones_and_fail_by_name_off_cuda(device):
+    rows = bench_model.run_benchmarks(["tiny"], ["sdpa"], ["fp32"], ["forward_backward"], [16], batch=1, warmup=0,
+                                      steps=1, device=device, log=None, graphed=[False, True])
+    assert [r["graphed"] for r in rows] == [False, True] and rows[0]["status"] == "ok"
+    if device.type == "cuda":
+        assert rows[1]["status"] == "ok"
+        return
+    refused_by_name = rows[1]["status"] != "ok" and "needs a CUDA device" in rows[1]["detail"]
+    assert refused_by_name, "the graphed row here is not the step's refusal"  # (wording: see the test above)
+    try:
+        bench_model.main(["--device", "cpu", "--sizes", "tiny", "--cuda-graph", "on", "--no-plots"])
+        exited = ""
+    except SystemExit as exc:
+        exited = str(exc)
+    refused_here = "--cuda-graph on needs a CUDA device" in exited
+    assert refused_here, "the command line does not refuse a graphed run here"
+
+
 def test_profiler_trace_has_the_forward_backward_and_optimizer_ranges(device, tmp_path):
     path, table = bench_model.profile_trace(tmp_path / "trace.json.gz", size="tiny", attention="sdpa", precision="fp32",
                                             batch=1, context=16, device=device)
@@ -191,7 +240,7 @@ def test_command_lines_write_their_tables(device, tmp_path, capsys):
                       "--modes", "forward", "--batch", "1", "--context", "16", "--warmup", "0", "--steps", "1",
                       "--out", str(tmp_path / "m"), "--no-plots"])
     assert "| fp32 | 16 | 16 | forward |" in (tmp_path / "a" / "attention.md").read_text()
-    assert "| tiny | sdpa | fp32 | forward | False | 1 | 16 | 0 | 1 |" in (tmp_path / "m" / "model.md").read_text()
+    assert "| tiny | sdpa | fp32 | forward | False | False | 1 | 16 | 0 | 1 |" in (tmp_path / "m" / "model.md").read_text()
     assert "Attention time" in capsys.readouterr().out
 
 
