@@ -356,6 +356,9 @@ GLUON_SPECS = (
     ("rescale_skipped",
      "impl's Gluon forward does not rescale the running output by exp(m_old - m_new) when the row maximum moves "
      "between key tiles"),
+    ("discarded_split_counted",
+     "impl's Gluon forward on a small grid (keys in splits) stores the sums of a split that has no keys of its own "
+     "(it ran key tile 0 to keep the schedule): the combine counts key tile 0 twice for those query tiles"),
 )
 GLUON_BACKWARD_SPECS = (
     ("last_dq_partial_never_added",

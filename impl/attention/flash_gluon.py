@@ -381,6 +381,8 @@ if GLUON_IMPORT_ERROR is None:
             cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
             lse_rows = q_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
             if SPLIT:  # this split's unnormalised acc, running max and sum (the combine kernel's input)
+                if MUTANT == 5:  # the kept mutant 5 stores a discarded split's sums (key tile 0 once more)
+                    keep = n_tiles > 0
                 part = (split * n_bh + bh).to(gl.int64)
                 acc = gl.where(keep, acc, 0.0)
                 gl.store(o_ptr + part * n_q * HEAD_DIM + rows[:, None] * HEAD_DIM + cols[None, :], acc,
@@ -901,7 +903,7 @@ BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128,
 
 # Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
 MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3,
-           "last_dq_partial_never_added": 4}
+           "last_dq_partial_never_added": 4, "discarded_split_counted": 5}
 
 
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -1078,7 +1080,6 @@ class _ForwardPlan:
 
     def __call__(self, q, k, v):
         q4, k4, v4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v), self.copy))
-        cfg = self.cfg
         o = torch.empty_strided(q.shape, self.o_strides, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
         if self.combine is None:
