@@ -200,3 +200,21 @@ def test_forward_splits_the_keys_only_where_query_tiles_leave_sms_idle():
             assert splits & (splits - 1) == 0 and items * splits <= max(programs, items)
             assert splits == 1 or key_tiles // splits >= fg.MIN_SPLIT_TILES
             assert items * splits * 2 > programs or key_tiles // (2 * splits) < fg.MIN_SPLIT_TILES  # the largest
+
+
+def test_causal_forward_splits_only_where_every_row_sees_the_first_key_of_its_splits(launches):
+    """With key tiles smaller than query tiles a causal split could start past a row's last
+    key (NaN sums for that row): the plan does not split then; full attention still does."""
+    q, k, v = _inputs((1, 1, 2000, 64), 2000, False)  # 16 query tiles: split with the table's tiles
+    saved = fg.FORWARD_CONFIGS
+    try:
+        for causal, configs, split in ((True, saved, True), (True, {64: fg.GluonConfig(128, 64, 2)}, False),
+                                       (False, {64: fg.GluonConfig(128, 64, 2)}, True)):
+            fg.FORWARD_CONFIGS = configs
+            launches.clear()
+            fg._PLANS.clear()
+            fg.flash_forward(q, k, v, causal)
+            (name, grid, args, _), = launches
+            assert args["SPLIT"] is split and (args["n_splits"] > 1) == split, (causal, configs)
+    finally:
+        fg.FORWARD_CONFIGS = saved

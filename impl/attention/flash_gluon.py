@@ -1057,7 +1057,11 @@ class _ForwardPlan:
         group = _group_heads(B * H, 2 * n_k * d * q.element_size(), q.device)  # K and V stream
         items = B * H * triton.cdiv(n_q, cfg.block_m)
         key_tiles = triton.cdiv(n_k, cfg.block_n)
-        splits = _forward_splits(items, key_tiles, q.device)
+        # A causal split that has keys starts at or before its query tile's first row only where
+        # a key tile is a whole number of query tiles (128 and 128 in the table); otherwise a row
+        # could see no key of a split, and its running max stay -inf (NaN sums).  So no split there.
+        splits = (_forward_splits(items, key_tiles, q.device) if not self.is_causal or cfg.block_n % cfg.block_m == 0
+                  else 1)
         self.launch = _launch(
             _flash_fwd_kernel, (_forward_programs(items * splits, self.is_causal, group == B * H, q.device),),
             (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4_strides[:3], B * H, group, splits,

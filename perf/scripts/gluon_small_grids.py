@@ -20,10 +20,6 @@ from perf.lib.measure import kernel_us_per_call
 from perf.lib.workloads import cuda_attention_inputs
 
 
-def _by_kernel(fn, calls=10) -> dict:
-    return {name: us for name, us in kernel_us_per_call(fn, calls).items()}
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seq", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
@@ -39,15 +35,15 @@ def main():
                 qd, kd, vd = (t.detach() for t in (q, k, v))
                 o, lse = fg.flash_forward(qd, kd, vd, causal)
                 row = dict(d=d, causal=causal, n=n)
-                row["gluon_fwd"] = _by_kernel(lambda: fg.flash_forward(qd, kd, vd, causal))
-                row["gluon_bwd"] = _by_kernel(lambda: fg.flash_backward(qd, kd, vd, o, lse, do, causal))
+                row["gluon_fwd"] = kernel_us_per_call(lambda: fg.flash_forward(qd, kd, vd, causal))
+                row["gluon_bwd"] = kernel_us_per_call(lambda: fg.flash_backward(qd, kd, vd, o, lse, do, causal))
                 peers = () if a.no_peers else (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION))
                 for name, backend in peers:
                     with sdpa_kernel(backend):
-                        row[f"{name}_fwd"] = _by_kernel(lambda: F.scaled_dot_product_attention(qd, kd, vd,
+                        row[f"{name}_fwd"] = kernel_us_per_call(lambda: F.scaled_dot_product_attention(qd, kd, vd,
                                                                                                 is_causal=causal))
                         of = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                        row[f"{name}_bwd"] = _by_kernel(lambda: torch.autograd.grad(of, (q, k, v), do,
+                        row[f"{name}_bwd"] = kernel_us_per_call(lambda: torch.autograd.grad(of, (q, k, v), do,
                                                                                     retain_graph=True))
                 sums = {key: round(sum(val.values()), 1) for key, val in row.items() if isinstance(val, dict)}
                 print(f"d{d} causal={causal} N{n}: " + "  ".join(f"{key} {us}" for key, us in sums.items()), flush=True)
