@@ -5,6 +5,8 @@ the target offers; a flavour it lacks is reported "not offered".  On the CPU the
 flavour runs under the interpreter (fp32 and fp16; bf16 needs a GPU).
 """
 
+import math
+
 import pytest
 import torch
 from hypothesis import settings
@@ -63,3 +65,15 @@ def test_bf16_is_checked_where_it_can_run(device):
     if device.type == "cuda":
         assert torch.bfloat16 in budget_for("triton", device).dtypes
         assert torch.bfloat16 in budget_for("gluon", device).dtypes  # its tier runs on Hopper only
+
+
+@pytest.mark.parametrize("flavour", ["pytorch", "triton", "gluon"])
+def test_gpu_budgets_try_a_causal_head_of_a_thousand_keys_first(flavour):
+    """On a GPU every wider law tries one head of ~1000 causal keys before its draws: a grid of
+    a few query tiles, which split-KV kernels cut into key splits whose partial sums are then
+    merged.  Drawn at random such a case came too seldom: on an H200, a kept mutant that counts
+    a discarded split's sums passed every draw the law's time budget had room for."""
+    from conformance.laws.attention.strategies import boundary_cases, budget_for
+
+    cases = boundary_cases(budget_for(flavour, torch.device("cuda")))
+    assert any(c.is_causal and math.prod(c.batch) == 1 and min(c.n_q, c.n_k) >= 1000 for c in cases)

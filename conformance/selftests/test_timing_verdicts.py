@@ -75,3 +75,25 @@ def test_a_failure_hypothesis_could_not_replay_is_still_a_rejection():
         raise FlakyFailure("Hypothesis failed to reproduce", [AssertionError("rank 0 w: |err| = 1e-3\nmore")])
 
     assert first_failure_line(racy) == "flaky: rank 0 w: |err| = 1e-3"
+
+
+def test_a_budget_cut_in_the_child_is_warned_in_the_parent(monkeypatch):
+    # A law whose time budget ran out with every example passing has not shown the mutant; the
+    # child's cut must reach the mutant tests (which skip on it) instead of reading as a pass.
+    from conformance.lawbook import LawBudgetWarning
+
+    monkeypatch.setattr(rejection, "_CHILD", "print('BUDGET_CUT:some_law: 3 example(s) ran', flush=True)\n"
+                                             "print('VERDICT:', flush=True)")
+    with pytest.warns(LawBudgetWarning, match="3 example"):
+        assert rejection._rejection_in_child("some_law", "impl", 40, "gluon") is None
+
+
+def test_the_child_program_reports_a_real_budget_cut(monkeypatch):
+    # The child program itself, on a law that cannot finish 10**4 examples in a 1 s budget.
+    monkeypatch.setenv("SUITE_LAW_BUDGET_S", "1")
+    code = rejection._CHILD.format(law="constant_values_give_constant_output", target=rejection.CONTROL,
+                                   examples=10**4, flavour="pytorch")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    lines = done.stdout.splitlines()
+    assert any(line.startswith(rejection.BUDGET_CUT) for line in lines), done.stdout[-2000:] + done.stderr[-2000:]
+    assert lines[-1] == "VERDICT:"

@@ -14,12 +14,14 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import torch
 from hypothesis import Phase
 
 from conformance.harness import resolve_device
+from conformance.lawbook import LawBudgetWarning
 from conformance.laws.attention import spec
 from conformance.laws.attention.hopper import refuse_gluon_here
 from conformance.laws.attention.laws import LAWS_BY_NAME, check_law
@@ -75,10 +77,20 @@ def _call_with_progress(*args, **kwargs):
     print('PROGRESS', flush=True)
     return _call(*args, **kwargs)
 _laws.call = _call_with_progress
-from conformance.laws.attention.rejection import rejection
-v = rejection({law!r}, {target!r}, {examples}, {flavour!r}, in_child=True)
+import warnings
+from conformance.lawbook import LawBudgetWarning
+from conformance.laws.attention.rejection import BUDGET_CUT, rejection
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always', LawBudgetWarning)
+    v = rejection({law!r}, {target!r}, {examples}, {flavour!r}, in_child=True)
+for w in caught:  # the parent's caller decides what a cut law means (the mutant tests: not shown here)
+    if issubclass(w.category, LawBudgetWarning):
+        print(BUDGET_CUT + str(w.message).splitlines()[0], flush=True)
 print('VERDICT:' + ('' if v is None else v), flush=True)
 """
+# The child's line for a law its time budget cut short (every example that ran passed): the
+# parent warns it again, so a caller that reads LawBudgetWarning sees it as it would in-process.
+BUDGET_CUT = "BUDGET_CUT:"
 
 
 def rejection(law_name: str, target_spec: str, max_examples: int, flavour: str = "pytorch",
@@ -112,6 +124,9 @@ def _rejection_in_child(law_name: str, target_spec: str, max_examples: int, flav
         return (f"hung: no call of the implementation started or the run ended within {HANG_LIMIT_S:g} s, compiling "
                 f"not counted (a kernel that never finishes, as one whose barrier waits on a phase that never "
                 f"completes)")
+    for line in lines:
+        if line.startswith(BUDGET_CUT):
+            warnings.warn(LawBudgetWarning(line.removeprefix(BUDGET_CUT)), stacklevel=2)
     verdicts = [line.removeprefix("VERDICT:") for line in lines if line.startswith("VERDICT:")]
     if not verdicts:
         tail = (stderr.strip().splitlines() or ["(no output)"])[-1]

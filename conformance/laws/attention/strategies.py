@@ -16,6 +16,7 @@ import torch
 from hypothesis import strategies as st
 
 TILE_MULTIPLES = (16, 32, 64, 128)
+SPLIT_KEYS_LEN = 1000  # the boundary case of a small grid with many keys (boundary_cases)
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
@@ -247,8 +248,10 @@ def contract_cases(draw, budget: Budget, flavour: str, *, long: bool = False, ca
 
 
 def boundary_cases(budget: Budget) -> list[AttentionCase]:
-    """Explicit examples every law tries first: causal, one row past a tile multiple; and
-    one case with every tensor in its own layout.
+    """Explicit examples every law tries first: causal, one row past a tile multiple; one
+    case with every tensor in its own layout; and, where the budget runs sequences in the
+    thousands (a GPU), one causal head of a thousand keys (a small grid: split-KV kernels
+    split it).
 
     A query block whose last tile holds a single row (N = t + 1) is where causal
     tile-skipping, partial-tile and diagonal-mask bugs live; random draws reach it only
@@ -269,6 +272,12 @@ def boundary_cases(budget: Budget) -> list[AttentionCase]:
     # Each of q, k, v and dO in a layout of its own, with more than one key and batch element:
     # a launch that passes one tensor's strides for another's shows here, not by chance.
     cases.append(AttentionCase((2,), 17, 24, 16, torch.float32, True, None, 1.0, "mixed", 3000))
+    # One head, a ragged thousand keys, causal: a grid of a few query tiles, where a kernel may cut
+    # each tile's keys into splits to fill the GPU and merge their partial sums (split-KV, as
+    # SDPA's flash backend does); causal tiles near the start have fewer keys than splits.
+    if budget.max_len >= SPLIT_KEYS_LEN:
+        cases.append(AttentionCase((1,), SPLIT_KEYS_LEN, SPLIT_KEYS_LEN, 64, torch.float32, True, None, 1.0,
+                                   "contiguous", 4000))
     return [fit_to_budget(c, budget) for c in cases]
 
 
