@@ -20,7 +20,9 @@ same weights.
 
 ``--cuda-graph on``: each step is captured once in a CUDA graph (after three eager steps on
 a side stream) and replayed, so the host's cost per kernel launch leaves every backend's
-time (CUDA only; a capturable AdamW; not combined with ``--compile on`` in one row).
+time (CUDA only; a capturable AdamW).  With ``--compile on`` too, a row captures the compiled
+forward's step: compilation happens in those eager steps, and compile_s is their time and the
+capture's.
 
 Timing: ``--warmup`` untimed steps, then ``--steps`` timed ones, each between
 ``torch.cuda.synchronize`` calls (a Python timer otherwise reads kernel launches, not
@@ -151,13 +153,15 @@ GRAPH_WARMUP = 3  # eager steps on a side stream before capture (the docs' recip
 
 
 def make_graphed_step(model: gpt.GPT, mode: str, precision: str, batch: int, context: int,
-                      optimizer: torch.optim.Optimizer | None = None, seed: int = 0) -> Callable[[], None]:
+                      optimizer: torch.optim.Optimizer | None = None, seed: int = 0,
+                      compiled: bool = False) -> Callable[[], None]:
     """The step of ``make_step`` captured once in a CUDA graph (whole-network capture): a
     call replays every kernel of the step with one launch, so the host's cost per kernel is
     gone for every attention backend alike.  Fixed shapes and addresses: the batch, the
     gradients (allocated by the captured backward, from the graph's pool) and the optimizer's
     state stay where capture put them.  Autocast's weight cache is off (the graph must not
-    hold casts made outside it).  CUDA only; the optimizer must be capturable."""
+    hold casts made outside it).  ``compiled``: the step's forward through torch.compile, which
+    compiles in the eager steps before capture.  CUDA only; the optimizer must be capturable."""
     device = next(model.parameters()).device
     if device.type != "cuda":
         raise ValueError(f"a CUDA-graphed step needs a CUDA device; the model is on {device}")
@@ -166,7 +170,7 @@ def make_graphed_step(model: gpt.GPT, mode: str, precision: str, batch: int, con
     if mode == "step" and (optimizer is None or not optimizer.defaults.get("capturable")):
         raise ValueError("a CUDA-graphed step needs an optimizer made with capturable=True")
     body = make_step(model, mode, precision, batch, context, optimizer, seed=seed, autocast_cache=False,
-                     zero_grad=False)
+                     zero_grad=False, compiled=compiled)
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -207,14 +211,18 @@ def measure_case(model: gpt.GPT, case: ModelCase, *, warmup: int, steps: int) ->
         set_attention(model, case.attention)
         optimizer = make_optimizer(model, capturable=case.graphed) if case.mode == "step" else None
         if case.graphed:  # capture (after its own eager warm-up) is not timed; replays are
-            step = make_graphed_step(model, case.mode, case.precision, case.batch, case.context, optimizer)
+            started = time.perf_counter()
+            step = make_graphed_step(model, case.mode, case.precision, case.batch, case.context, optimizer,
+                                     compiled=case.compiled)
+            if case.compiled:  # compilation, the eager steps it ran in, and the capture
+                row["compile_s"] = time.perf_counter() - started
         else:
             step = make_step(model, case.mode, case.precision, case.batch, case.context, optimizer,
                              compiled=case.compiled)
         for i in range(warmup):
             started = time.perf_counter()
             step()
-            if i == 0 and case.compiled:  # tracing and compilation: reported apart, never timed
+            if i == 0 and case.compiled and not case.graphed:  # tracing and compilation: apart, never timed
                 synchronize(device)
                 row["compile_s"] = time.perf_counter() - started
         with measure.PeakMemory(device) as peak:
@@ -254,8 +262,7 @@ def run_benchmarks(sizes: Sequence[str], attentions: Sequence[str], precisions: 
     rows: list[dict] = []
     for size in sizes:
         cases = [ModelCase(size, a, p, m, batch, c, comp, graph) for c in contexts for p in precisions
-                 for a in attentions for comp in compiled for graph in graphed for m in modes
-                 if not (comp and graph)]  # torch.compile's own graphs are mode="reduce-overhead"
+                 for a in attentions for comp in compiled for graph in graphed for m in modes]
         if deadline.expired:
             rows += [c.row(status=measure.SKIPPED, detail="time budget") for c in cases]
             continue
@@ -444,8 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile", nargs="+", choices=("off", "on"), default=["off"],
                         help="torch.compile the model's forward: off, on, or both side by side (compilation is the first warm-up step, reported as compile_s)")
     parser.add_argument("--cuda-graph", nargs="+", choices=("off", "on"), default=["off"],
-                        help="replay each step from a CUDA graph captured once (CUDA only; not with --compile on in "
-                             "the same row): off, on, or both side by side")
+                        help="replay each step from a CUDA graph captured once (CUDA only; with --compile on, the "
+                             "compiled step is captured): off, on, or both side by side")
     parser.add_argument("--warmup", type=int, help="untimed steps first; 0 times the first steps too")
     parser.add_argument("--steps", type=int, help="timed steps")
     parser.add_argument("--time-budget-s", type=float, default=None)

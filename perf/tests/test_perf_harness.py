@@ -151,10 +151,12 @@ def test_model_rows_carry_every_timed_step_and_the_first_one(device, tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
 
 
-def test_cuda_graphed_step_replays_what_the_eager_step_computes(device):
-    """A step replayed from a CUDA graph updates the weights as the eager step does (same
-    kernels, gradients written afresh each replay, not summed across replays); off CUDA it
-    is refused by name before anything runs.  (Failure messages here avoid naming the
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_cuda_graphed_step_replays_what_the_eager_step_computes(device, compiled):
+    """A step replayed from a CUDA graph updates the weights as the same step run without
+    the graph does (same kernels, gradients written afresh each replay, not summed across
+    replays), the compiled forward's step too; off CUDA it is refused by name before
+    anything runs.  (Failure messages here avoid naming the
     device kind: on a machine without a GPU, conftest reads such a message as a refusal
     and skips.)"""
     def model_and_optimizer():
@@ -166,15 +168,16 @@ def test_cuda_graphed_step_replays_what_the_eager_step_computes(device):
     graphed, graphed_opt = model_and_optimizer()
     if device.type != "cuda":
         with pytest.raises(ValueError) as refused:
-            bench_model.make_graphed_step(graphed, "step", "fp32", 1, 16, graphed_opt)
+            bench_model.make_graphed_step(graphed, "step", "fp32", 1, 16, graphed_opt, compiled=compiled)
         names_the_device = str(refused.value).endswith("needs a CUDA device; the model is on cpu")
         assert names_the_device, "the refusal does not say what the graphed step needs"
         return
-    replay = bench_model.make_graphed_step(graphed, "step", "fp32", 1, 16, graphed_opt)  # 3 eager steps, then capture
+    replay = bench_model.make_graphed_step(graphed, "step", "fp32", 1, 16, graphed_opt,
+                                           compiled=compiled)  # 3 eager steps, then capture
     for _ in range(2):
         replay()
     eager, eager_opt = model_and_optimizer()
-    step = bench_model.make_step(eager, "step", "fp32", 1, 16, eager_opt)
+    step = bench_model.make_step(eager, "step", "fp32", 1, 16, eager_opt, compiled=compiled)
     for _ in range(bench_model.GRAPH_WARMUP + 2):
         step()
     torch.cuda.synchronize()
@@ -198,6 +201,17 @@ def test_graphed_rows_sit_beside_the_plain_ones_and_fail_by_name_off_cuda(device
         exited = str(exc)
     refused_here = "--cuda-graph on needs a CUDA device" in exited
     assert refused_here, "the command line does not refuse a graphed run here"
+
+
+def test_a_compiled_graphed_row_is_run_not_dropped(device):
+    # --compile on with --cuda-graph on: the compiled step is captured (or refused by name off CUDA).
+    rows = bench_model.run_benchmarks(["tiny"], ["sdpa"], ["fp32"], ["step"], [16], batch=1, warmup=0, steps=1,
+                                      device=device, log=None, compiled=[True], graphed=[True])
+    assert [(r["compiled"], r["graphed"]) for r in rows] == [(True, True)]
+    if device.type == "cuda":
+        assert rows[0]["status"] == "ok" and rows[0]["compile_s"] > 0, rows[0]
+    else:
+        assert "needs a CUDA device" in rows[0]["detail"], rows[0]
 
 
 def test_profiler_trace_has_the_forward_backward_and_optimizer_ranges(device, tmp_path):
