@@ -51,8 +51,10 @@ except NameError:  # Python 3.10: the backport Hypothesis depends on
     from exceptiongroup import BaseExceptionGroup
 
 # Suite code is classified by module name: the suite's packages, less the ones that hold
-# targets (library adapters, kept mutants, fixture targets of the self-tests).
-SUITE_PACKAGES = ("conformance", "properties", "conftest")
+# targets (library adapters, kept mutants, fixture targets of the self-tests).  perf (the
+# benchmarks, the gate and their tests) is the suite's too: an assertion of a benchmark test
+# that names CUDA is a failure, not a target refusing CPU tensors.
+SUITE_PACKAGES = ("conformance", "properties", "conftest", "perf")
 TARGET_PACKAGES = ("conformance.adapters", "conformance.mutants", "conformance.selftests.targets")
 
 

@@ -126,6 +126,19 @@ def test_other_errors_and_wrong_answers_still_fail(targets, kind, no_gpu):
     assert gpu_refusal(_error(spec.cs336_noncausal_forward_backward, getattr(targets.obj, kind))) is None
 
 
+@pytest.mark.parametrize("module", ["perf.tests.test_example", "perf.bench.example"])
+def test_an_error_naming_cuda_in_the_suites_own_benchmark_code_still_fails(module, no_gpu):
+    # perf/ (the benchmarks and their tests) is the suite's code, not a target's: a benchmark
+    # test's assertion, or the harness's own error, that names CUDA is a failure on a machine
+    # without a GPU, not the target refusing CPU tensors.
+    scope = {"__name__": module}
+    exec(compile("def check():\n    assert False, 'the replayed CUDA step differs from the eager one'\n",
+                 module.replace(".", "/") + ".py", "exec"), scope)
+    with pytest.raises(AssertionError) as failed:
+        scope["check"]()
+    assert gpu_refusal(failed.value) is None
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the skip applies only where no GPU is visible")
 def test_a_cuda_only_triton_flavour_is_reported_not_run_here(targets, tmp_path):
     """End to end: the spec run reports the Triton rows "not run here", not FAILS."""

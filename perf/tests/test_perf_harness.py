@@ -156,9 +156,7 @@ def test_cuda_graphed_step_replays_what_the_eager_step_computes(device, compiled
     """A step replayed from a CUDA graph updates the weights as the same step run without
     the graph does (same kernels, gradients written afresh each replay, not summed across
     replays), the compiled forward's step too; off CUDA it is refused by name before
-    anything runs.  (Failure messages here avoid naming the
-    device kind: on a machine without a GPU, conftest reads such a message as a refusal
-    and skips.)"""
+    anything runs."""
     def model_and_optimizer():
         torch.manual_seed(0)
         model = gpt.make_gpt("tiny", device=device)
@@ -193,7 +191,7 @@ def test_graphed_rows_sit_beside_the_plain_ones_and_fail_by_name_off_cuda(device
         assert rows[1]["status"] == "ok"
         return
     refused_by_name = rows[1]["status"] != "ok" and "needs a CUDA device" in rows[1]["detail"]
-    assert refused_by_name, "the graphed row here is not the step's refusal"  # (wording: see the test above)
+    assert refused_by_name, "the graphed row here is not the step's refusal"
     try:
         bench_model.main(["--device", "cpu", "--sizes", "tiny", "--cuda-graph", "on", "--no-plots"])
         exited = ""
