@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The Gluon flavour on one Hopper GPU, in one call: a probe against float64 attention, every
 # attention law and spec case on the flavour (bf16 drawn) with its kept mutants, then the
-# tables beside our Triton kernel, SDPA flash and cuDNN (interleaved rounds, medians).
-#     OUT=DIR PYTHONPATH=. bash perf/scripts/gpu_gluon_attention.sh
+# tables beside our Triton kernel, SDPA flash and cuDNN (interleaved rounds, medians), and the
+# GPT step with SDPA and with our kernel.  STEPS picks a part (a device call has 10 minutes):
+#     OUT=DIR PYTHONPATH=. [STEPS="probe laws"] bash perf/scripts/gpu_gluon_attention.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 S=$OUT/tables
 mkdir -p "$S"
 { nvidia-smi -L; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"; } > "$OUT/device.txt" 2>&1
-STEPS=${STEPS:-probe laws leaderboard b4h16 sweep}
+STEPS=${STEPS:-probe laws leaderboard b4h16 sweep model}
 step() {  # name, limit in seconds, command...  (only the names in $STEPS run)
   local name=$1 limit=$2; shift 2
   [[ " $STEPS " == *" $name "* ]] || return 0
@@ -17,7 +18,8 @@ step() {  # name, limit in seconds, command...  (only the names in $STEPS run)
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? $((SECONDS - t0))s: $(tail -n 1 "$OUT/$name.log")" >> "$OUT/summary.txt"
 }
-step probe "${PROBE_S:-240}" python perf/scripts/gluon_probe.py
+# The probe takes about 230 s on an H200 (its hang mutant alone waits 60 s): 300 leaves room.
+step probe "${PROBE_S:-300}" python perf/scripts/gluon_probe.py
 # 12 workers of 16 cores: the tier compiles many kernel variants (split-KV ones too); with 8 it had
 # not finished at 380 s on an H200, with 12 it took 216 s (perf/results/2026-11-28-hopper-gluon-split-kv).
 step laws "${LAWS_S:-360}" python -m pytest -n 12 -p no:cacheprovider -q --device cuda --hypothesis-profile ci \
@@ -30,8 +32,14 @@ step b4h16 90 python -m perf.bench.attention "${common[@]}" --seq 4096 --dims 12
     --batch 4 --heads 16 --out "$S/b4h16"
 step sweep "${SWEEP_S:-200}" python -m perf.bench.attention "${common[@]}" --seq 128:65536 --dims 64 128 --masks causal full \
     --warmup-ms 10 --rep-ms 25 --time-budget-s "${SWEEP_BUDGET_S:-110}" --out "$S/sweep"
+# The GPT step (small, B4, bf16) with SDPA and with our kernel: eager, graphed, compiled, compiled and graphed
+# (perf/results/2026-11-28-h200-gluon-graphed-step: about 150 s on an H200, compiling included).
+step model "${MODEL_S:-300}" python -m perf.bench.model --device cuda --sizes small --attention sdpa gluon --precision bf16 \
+    --modes step --batch 4 --context 256 1024 4096 --steps 20 --warmup 3 --compile off on --cuda-graph off on --no-plots \
+    --out "$S/model"
 [ -f "$S/sweep/attention.json" ] && python perf/scripts/attention_vs_flash.py "$S/sweep/attention.json" --impl gluon > "$S/gluon_vs_flash.md" 2>&1
 cat "$OUT/summary.txt"; tail -3 "$S/gluon_vs_flash.md" 2>/dev/null
 # what comes back from a device is limited in files: the tables travel as one archive
 for t in leaderboard b4h16 sweep; do cp "$S/$t/attention.md" "$S/$t.md" 2>/dev/null; done
-tar czf "$OUT/tables.tgz" -C "$OUT" tables && rm -rf "$S" "$OUT"/leaderboard.log "$OUT"/b4h16.log "$OUT"/sweep.log
+cp "$S/model/model.md" "$S/model.md" 2>/dev/null
+tar czf "$OUT/tables.tgz" -C "$OUT" tables && rm -rf "$S" "$OUT"/leaderboard.log "$OUT"/b4h16.log "$OUT"/sweep.log "$OUT"/model.log
