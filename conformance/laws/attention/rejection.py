@@ -4,6 +4,9 @@
 failure, or None when the target passes.  A bounded number of examples, no shrinking: a
 verdict, not a minimal counterexample.  ``CONTROL`` is the mutants' shared implementation
 with every bug switched off: it must pass the same runs, so a rejection is the bug's doing.
+None with a ``LawBudgetWarning`` means the law's time budget ended the run first (every
+example that ran passed): not shown, not passed.  A Gluon run happens in a child process,
+whose budget warning is warned again here.
 """
 
 from __future__ import annotations
