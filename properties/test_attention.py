@@ -77,3 +77,15 @@ def test_gpu_budgets_try_a_causal_head_of_a_thousand_keys_first(flavour):
 
     cases = boundary_cases(budget_for(flavour, torch.device("cuda")))
     assert any(c.is_causal and math.prod(c.batch) == 1 and min(c.n_q, c.n_k) >= 1000 for c in cases)
+
+
+@pytest.mark.parametrize("flavour", ["pytorch", "triton", "gluon"])
+def test_gpu_budgets_try_more_query_tiles_than_twice_any_gpus_sms_first(flavour):
+    """On a GPU every wider law also tries a grid of more 128-row query tiles than twice the SMs
+    of any GPU (148 on a B200), so each program of a persistent kernel walks several work items:
+    the contract's shapes (at most 4 x 1024 rows) and the random draws (at most 8 x 1100) never
+    do on an H100's 132 SMs, and a kept mutant that frees Q's buffer early shows only there."""
+    from conformance.laws.attention.strategies import boundary_cases, budget_for
+
+    cases = boundary_cases(budget_for(flavour, torch.device("cuda")))
+    assert any(math.prod(c.batch) * math.ceil(c.n_q / 128) > 2 * 148 for c in cases)

@@ -360,12 +360,19 @@ GLUON_SPECS = (
      "impl's Gluon forward on a small grid (keys in splits) stores the sums of a split that has no keys of its own "
      "(it ran key tile 0 to keep the schedule): the combine counts key tile 0 twice for those query tiles"),
 )
+# Shows only where a program walks several work items (more query tiles than the GPU has SMs):
+# the contract's shapes never have that many, so the wider law alone is named.
+GLUON_PERSISTENT_SPECS = (
+    ("q_freed_before_its_last_scores",
+     "impl's persistent Gluon forward hands Q's buffer back to the loader after a work item's first scores, not "
+     "its last: the loader brings the program's next item's Q while this item's last scores still read it"),
+)
 GLUON_BACKWARD_SPECS = (
     ("last_dq_partial_never_added",
      "impl's Gluon backward (five products, d 64) stages each tile's dS K partial under the next tile's products "
      "and never adds the last tile's: the last query tile a key tile sees loses that key tile's share of dQ"),
 )
-for _name, _ in GLUON_SPECS + GLUON_BACKWARD_SPECS:
+for _name, _ in GLUON_SPECS + GLUON_PERSISTENT_SPECS + GLUON_BACKWARD_SPECS:
     globals()[_name] = _gluon_mutant(_name)
 
 MUTANTS = tuple(
@@ -373,6 +380,9 @@ MUTANTS = tuple(
 ) + tuple(
     Mutant(name, "attention", bug, ("forward_matches_float64_reference", "contract_forward_matches_float64_reference"),
            target=f"{__name__}:{name}", flavour="gluon") for name, bug in GLUON_SPECS
+) + tuple(
+    Mutant(name, "attention", bug, ("forward_matches_float64_reference",), target=f"{__name__}:{name}",
+           flavour="gluon") for name, bug in GLUON_PERSISTENT_SPECS
 ) + tuple(
     Mutant(name, "attention", bug, ("gradients_match_float64_reference", "contract_gradients_match_float64_reference"),
            target=f"{__name__}:{name}", flavour="gluon") for name, bug in GLUON_BACKWARD_SPECS

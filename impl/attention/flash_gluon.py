@@ -336,6 +336,8 @@ if GLUON_IMPORT_ERROR is None:
                               use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s, ))
             _release(k_empty, slot)
+            if MUTANT == 6:  # the kept mutant 6 hands Q back after the item's first scores, not its last
+                _release(q_empty, 0)
             p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, first * BLOCK_N, q_start, n_k, qk_scale, IS_CAUSAL,
                                                  ROWS, BLOCK_N, s_layout, MUTANT == 3)
             if MUTANT == 1:
@@ -362,7 +364,8 @@ if GLUON_IMPORT_ERROR is None:
                 if MUTANT != 1:
                     _release(v_empty, prev)
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            _release(q_empty, 0)  # every S of this item has retired: the loader may bring the next Q
+            if MUTANT != 6:
+                _release(q_empty, 0)  # every S of this item has retired: the loader may bring the next Q
             c += n_tiles
             last = (c - 1) % STAGES
             if MUTANT != 1:
@@ -903,7 +906,7 @@ BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128,
 
 # Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
 MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3,
-           "last_dq_partial_never_added": 4, "discarded_split_counted": 5}
+           "last_dq_partial_never_added": 4, "discarded_split_counted": 5, "q_freed_before_its_last_scores": 6}
 
 
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}

@@ -24,7 +24,7 @@ step probe "${PROBE_S:-300}" python perf/scripts/gluon_probe.py
 # not finished at 380 s on an H200, with 12 it took 216 s (perf/results/2026-11-28-hopper-gluon-split-kv).
 step laws "${LAWS_S:-360}" python -m pytest -n 12 -p no:cacheprovider -q --device cuda --hypothesis-profile ci \
     properties/test_attention.py conformance/spec/test_attention.py conformance/selftests/test_mutants.py \
-    -k "gluon or v_slot_freed or ready_phase or rescale_skipped or last_dq or discarded_split" -rfEsp --conformance-report "$OUT/report"
+    -k "gluon or v_slot_freed or ready_phase or rescale_skipped or last_dq or discarded_split or q_freed" -rfEsp --conformance-report "$OUT/report"
 common=(--device cuda --dtypes bf16 --impls gluon triton sdpa_flash sdpa_cudnn --rounds 3 --no-plots)
 step leaderboard 90 python -m perf.bench.attention "${common[@]}" --seq 16384 --dims 64 --masks causal \
     --batch 1 --heads 16 --out "$S/leaderboard"

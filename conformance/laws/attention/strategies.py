@@ -16,7 +16,8 @@ import torch
 from hypothesis import strategies as st
 
 TILE_MULTIPLES = (16, 32, 64, 128)
-SPLIT_KEYS_LEN = 1000  # the boundary case of a small grid with many keys (boundary_cases)
+SPLIT_KEYS_LEN = 1000  # the boundary cases of a small grid with many keys and of many work items (boundary_cases)
+MANY_ITEMS_BATCH = (4, 10)  # batch, heads of the many-work-items case
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
@@ -251,7 +252,7 @@ def boundary_cases(budget: Budget) -> list[AttentionCase]:
     """Explicit examples every law tries first: causal, one row past a tile multiple; one
     case with every tensor in its own layout; and, where the budget runs sequences in the
     thousands (a GPU), one causal head of a thousand keys (a small grid: split-KV kernels
-    split it).
+    split it) and 40 heads of them (more work items than SMs: persistent kernels walk several).
 
     A query block whose last tile holds a single row (N = t + 1) is where causal
     tile-skipping, partial-tile and diagonal-mask bugs live; random draws reach it only
@@ -275,9 +276,14 @@ def boundary_cases(budget: Budget) -> list[AttentionCase]:
     # One head, a ragged thousand keys, causal: a grid of a few query tiles, where a kernel may cut
     # each tile's keys into splits to fill the GPU and merge their partial sums (split-KV, as
     # SDPA's flash backend does); causal tiles near the start have fewer keys than splits.
+    # And 40 batch-heads of the same length, full attention: 360 query tiles of 128 rows, at least
+    # two for every SM of any GPU, so a persistent kernel's programs each walk several work items
+    # (what carries over from one item to the next: Q's buffer, the ring's count, barrier phases).
     if budget.max_len >= SPLIT_KEYS_LEN:
         cases.append(AttentionCase((1,), SPLIT_KEYS_LEN, SPLIT_KEYS_LEN, 64, torch.float32, True, None, 1.0,
                                    "contiguous", 4000))
+        cases.append(AttentionCase(MANY_ITEMS_BATCH, SPLIT_KEYS_LEN, SPLIT_KEYS_LEN, 64, torch.float32, False, None,
+                                   1.0, "contiguous", 4001))
     return [fit_to_budget(c, budget) for c in cases]
 
 
