@@ -498,7 +498,7 @@ def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> Non
         law.check(attn, case, device)
 
     if law.tier != CONTRACT and law.name != "float64_gradcheck":
-        for case in boundary_cases(budget):  # always tried first, in every profile
+        for case in boundary_cases(budget, flavour):  # always tried first, in every profile
             run = example(case=case)(run)
 
     run.__qualname__ = run.__name__ = f"{law.name}[{flavour}]"

@@ -248,12 +248,12 @@ def contract_cases(draw, budget: Budget, flavour: str, *, long: bool = False, ca
     )
 
 
-def boundary_cases(budget: Budget) -> list[AttentionCase]:
+def boundary_cases(budget: Budget, flavour: str = "pytorch") -> list[AttentionCase]:
     """Explicit examples every law tries first: causal, one row past a tile multiple; one
     case with every tensor in its own layout; and, where the budget runs sequences in the
     thousands (a GPU), one causal head of a thousand keys (a small grid: split-KV kernels
-    split it) and 40 heads of them, causal and not (more work items than SMs: persistent kernels
-    walk several, size-picked tiles are the full-GPU ones).
+    split it) and, for the kernel flavours, 40 heads of them, causal and not (more work items
+    than SMs: persistent kernels walk several, size-picked tiles are the full-GPU ones).
 
     A query block whose last tile holds a single row (N = t + 1) is where causal
     tile-skipping, partial-tile and diagonal-mask bugs live; random draws reach it only
@@ -277,14 +277,17 @@ def boundary_cases(budget: Budget) -> list[AttentionCase]:
     # One head, a ragged thousand keys, causal: a grid of a few query tiles, where a kernel may cut
     # each tile's keys into splits to fill the GPU and merge their partial sums (split-KV, as
     # SDPA's flash backend does); causal tiles near the start have fewer keys than splits.
-    # And 40 batch-heads of the same length, causal in bf16 and full in fp16: 320 query tiles of
-    # 128 rows, more than twice the SMs of any GPU, so a persistent kernel's programs each walk
-    # several work items (what carries over from one item to the next: Q's buffer, the ring's
-    # count, barrier phases), and kernels that pick tiles by the grid's size take their
-    # full-GPU ones, as at training sizes (random draws stay under one wave).
+    # And, for a kernel flavour, 40 batch-heads of the same length, causal in bf16 and full in
+    # fp16: 320 query tiles of 128 rows, more than twice the SMs of any GPU, so a persistent
+    # kernel's programs each walk several work items (what carries over from one item to the
+    # next: Q's buffer, the ring's count, barrier phases), and kernels that pick tiles by the
+    # grid's size take their full-GPU ones, as at training sizes (random draws stay under one
+    # wave).  Not the PyTorch flavour's: a grid is a kernel's, and a student's tile loops in
+    # Python would spend the law's budget on 40 heads.
     if budget.max_len >= SPLIT_KEYS_LEN:
         cases.append(AttentionCase((1,), SPLIT_KEYS_LEN, SPLIT_KEYS_LEN, 64, torch.float32, True, None, 1.0,
                                    "contiguous", 4000))
+    if budget.max_len >= SPLIT_KEYS_LEN and flavour in KERNEL_FLAVOURS:
         for seed, (dtype, causal) in enumerate(((torch.bfloat16, True), (torch.float16, False)), 4001):
             cases.append(AttentionCase(MANY_ITEMS_BATCH, SPLIT_KEYS_LEN, SPLIT_KEYS_LEN, 64, dtype, causal, None, 1.0,
                                        "contiguous", seed))
