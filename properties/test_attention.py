@@ -93,3 +93,4 @@ def test_gpu_budgets_try_more_query_tiles_than_twice_any_gpus_sms_first(flavour)
     many = [c for c in cases if math.prod(c.batch) * math.ceil(c.n_q / 128) > 2 * 148]
     assert {c.is_causal for c in many} == {True, False}
     assert all(c.dtype in (torch.bfloat16, torch.float16) for c in many)
+    assert {c.poisoned for c in many} == {True, False}  # deterministic mode's backward and the user's

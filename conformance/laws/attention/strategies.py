@@ -288,9 +288,10 @@ def boundary_cases(budget: Budget, flavour: str = "pytorch") -> list[AttentionCa
         cases.append(AttentionCase((1,), SPLIT_KEYS_LEN, SPLIT_KEYS_LEN, 64, torch.float32, True, None, 1.0,
                                    "contiguous", 4000))
     if budget.max_len >= SPLIT_KEYS_LEN and flavour in KERNEL_FLAVOURS:
+        # (the second as a user runs it, outside deterministic mode: a backward's atomic form)
         for seed, (dtype, causal) in enumerate(((torch.bfloat16, True), (torch.float16, False)), 4001):
             cases.append(AttentionCase(MANY_ITEMS_BATCH, SPLIT_KEYS_LEN, SPLIT_KEYS_LEN, 64, dtype, causal, None, 1.0,
-                                       "contiguous", seed))
+                                       "contiguous", seed, poisoned=causal))
     return [fit_to_budget(c, budget) for c in cases]
 
 
