@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 TILE_MULTIPLES = (16, 32, 64, 128)
 SPLIT_KEYS_LEN = 1000  # the boundary cases of a small grid with many keys and of many work items (boundary_cases)
-MANY_ITEMS_BATCH = (4, 10)  # batch, heads of the many-work-items case
+MANY_ITEMS_BATCH = (4, 10)  # batch, heads of the many-work-items cases
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
@@ -277,9 +277,9 @@ def boundary_cases(budget: Budget, flavour: str = "pytorch") -> list[AttentionCa
     # One head, a ragged thousand keys, causal: a grid of a few query tiles, where a kernel may cut
     # each tile's keys into splits to fill the GPU and merge their partial sums (split-KV, as
     # SDPA's flash backend does); causal tiles near the start have fewer keys than splits.
-    # And, for a kernel flavour, 40 batch-heads of the same length, causal in bf16 and full in
-    # fp16 at d 128: 320 query tiles of 128 rows, more than twice the SMs of any GPU, so a persistent
-    # kernel's programs each walk several work items (what carries over from one item to the
+    # And, for a kernel flavour, 40 batch-heads of the same length (causal in bf16 at d 64, full
+    # in fp16 at d 128): 320 query tiles of 128 rows, more than twice the SMs of any GPU, so a
+    # persistent kernel's programs each walk several work items (what carries over from one item to the
     # next: Q's buffer, the ring's count, barrier phases), and kernels that pick tiles by the
     # grid's size take their full-GPU ones, as at training sizes (random draws stay under one
     # wave).  Not the PyTorch flavour's: a grid is a kernel's, and a student's tile loops in
