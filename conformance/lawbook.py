@@ -150,6 +150,15 @@ class _OutOfBudget(unittest.SkipTest):
     """Ends a Hypothesis run at once: Hypothesis re-raises a skip, and shrinks anything else."""
 
 
+def _one_time_seconds() -> float:
+    """What an example's wall time may include that the next one's will not: starting a rank
+    pool, compiling a kernel variant (Triton's JIT; ``conformance.compile_clock``)."""
+    from conformance.compile_clock import compile_seconds
+    from conformance.harness import pool_startup_seconds
+
+    return pool_startup_seconds() + compile_seconds()
+
+
 class _Clock:
     """One law's wall-clock budget over its examples (``harness.time_budget``): how long
     they took, what failed."""
@@ -157,7 +166,7 @@ class _Clock:
     def __init__(self, seconds: float):
         self.seconds = seconds
         self.budget = None  # the harness's budget, once the law runs inside it
-        self.slowest = 0.0  # seconds of the slowest example, less any pool's start
+        self.slowest = 0.0  # seconds of the slowest example, less any pool's start and kernel compilation
         self.ran = 0
         self.first = None  # (exception, case): the first failure
         self.last = None  # the last failure of the first one's kind: the smallest found so far
@@ -166,19 +175,15 @@ class _Clock:
     def admit(self) -> None:
         """Raise _OutOfBudget unless the next example fits in what is left: any time left
         for the first, twice the slowest so far after it."""
-        from conformance.harness import pool_startup_seconds
-
         left = self.budget.left()
         if left <= 0 or (self.ran and left < 2 * self.slowest):
             raise _OutOfBudget()
-        self._started = (time.monotonic(), pool_startup_seconds())
+        self._started = (time.monotonic(), _one_time_seconds())
 
     def took(self) -> None:
-        from conformance.harness import pool_startup_seconds
-
-        wall, startups = self._started
+        wall, one_time = self._started
         self.ran += 1
-        self.slowest = max(self.slowest, time.monotonic() - wall - (pool_startup_seconds() - startups))
+        self.slowest = max(self.slowest, time.monotonic() - wall - (_one_time_seconds() - one_time))
 
     def failed(self, exc: BaseException, case) -> None:
         from conformance.harness import LawBudgetSpent
@@ -199,8 +204,8 @@ class BudgetedLaw:
             law.check(subject, case)
         law.run(run)                            # instead of run()
 
-    An example starts only while the budget has time left for it (twice the slowest so far),
-    and every case it runs on the ranks is cut to what is left (``harness.time_budget``; the
+    An example starts only while the budget has time left for it (twice the slowest so far,
+    less what that one paid once: a rank pool's start, compiling a kernel), and every case it runs on the ranks is cut to what is left (``harness.time_budget``; the
     first start of each world size's rank pool is not charged).  So the law ends in about its
     budget:
 
@@ -215,10 +220,11 @@ class BudgetedLaw:
     The Hypothesis test's own source is untouched (derandomised draws are seeded by it).
     """
 
-    def __init__(self, law: Law, seconds: float | None = None, case_at: int = 1):
+    def __init__(self, law: Law, seconds: float | None = None, case_at: int = 1, fixed: int = 0):
         self.law = law
         self.clock = _Clock(law_budget_s() if seconds is None else seconds)
         self.case_at = case_at  # where the case sits in check's arguments: check(subject, case, ...)
+        self.fixed = fixed  # explicit examples Hypothesis runs before its draws (named in the warning)
 
     def __getattr__(self, name):  # name, tier, needs, cases, ... are the law's
         if name == "law":
@@ -252,9 +258,11 @@ class BudgetedLaw:
                 exc.add_note(f"{self.name}: its time budget of {clock.seconds:g} s ran out after {clock.ran} example(s); "
                              f"shrinking stopped at the smallest failing example found so far:\ncase={case!r}")
                 raise exc from None
+            fixed = f" ({min(clock.ran, self.fixed)} of its {self.fixed} fixed cases)" if self.fixed else ""
             warnings.warn(LawBudgetWarning(
-                f"{self.name}: {clock.ran} example(s) ran and passed before its time budget of {clock.seconds:g} s ran "
-                f"out (the slowest took {clock.slowest:.1f} s); set SUITE_LAW_BUDGET_S to draw more"), stacklevel=3)
+                f"{self.name}: {clock.ran} example(s){fixed} ran and passed before its time budget of {clock.seconds:g} s "
+                f"ran out (the slowest took {clock.slowest:.1f} s, compiling and pool starts left out); "
+                f"set SUITE_LAW_BUDGET_S to draw more"), stacklevel=3)
 
 
 def check_examples(law: Law, subject, *, device=None, max_examples: int | None = None, go_on_after_verdicts: bool = False,

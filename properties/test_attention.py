@@ -6,6 +6,7 @@ flavour runs under the interpreter (fp32 and fp16; bf16 needs a GPU).
 """
 
 import math
+import time
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from hypothesis import settings
 
 from conformance.laws.attention.hopper import gluon_not_run_reason
 from conformance.verdicts import EnvironmentRefusal
+from conformance.lawbook import LawBudgetWarning
 from conformance.laws.attention.laws import CONTRACT_LAWS, LAWS, check_law
 from conformance.profiles import sharded_examples
 
@@ -95,3 +97,35 @@ def test_gpu_budgets_try_more_query_tiles_than_twice_any_gpus_sms_first(flavour)
     assert all(c.dtype in (torch.bfloat16, torch.float16) for c in many)
     assert {c.poisoned for c in many} == {True, False}  # deterministic mode's backward and the user's
     assert {c.d for c in many} == {64, 128}  # kernels specialise on the head dim
+
+
+@pytest.mark.parametrize("flavour", ["pytorch", "triton"])
+def test_wider_laws_try_the_boundary_cases_first_cheapest_first(flavour, monkeypatch):
+    """The boundary cases run before any draw and in their list's order, cheapest first, so a
+    budget that runs out cuts the dearest.  Hypothesis runs the explicit example added last
+    first: added in list order they ran dearest first, and on an H200 the law that calls
+    seven times a case spent its budget on the 40-head case alone and never tried a tile's
+    edge.  Here a law whose every example takes 0.3 s of a 0.5 s budget runs one: the first."""
+    from dataclasses import replace
+
+    from conformance.laws.attention.strategies import boundary_cases, budget_for, case_work
+
+    ran = []
+
+    def check(attn, case, device):
+        ran.append(case)
+        time.sleep(0.3)
+
+    wider = next(law for law in LAWS if law.name == "forward_matches_float64_reference")
+    monkeypatch.setenv("SUITE_LAW_BUDGET_S", "0.5")
+    with pytest.warns(LawBudgetWarning, match=r"1 example\(s\) \(1 of its \d+ fixed cases\)"):
+        check_law(replace(wider, check=check), None, "cpu", flavour, max_examples=1)
+    fixed = boundary_cases(budget_for(flavour, torch.device("cpu")), flavour)
+    assert ran == fixed[:1], (ran, fixed[0])
+    for device in ("cpu", "cuda"):
+        work = [case_work(c) for c in boundary_cases(budget_for(flavour, torch.device(device)), flavour)]
+        assert work == sorted(work), (device, work)
+    ran.clear()
+    monkeypatch.setenv("SUITE_LAW_BUDGET_S", "60")
+    check_law(replace(wider, check=lambda attn, case, device: ran.append(case)), None, "cpu", flavour, max_examples=1)
+    assert ran[: len(fixed)] == fixed
