@@ -290,7 +290,7 @@ def check_examples(law: Law, subject, *, device=None, max_examples: int | None =
     # raised again from memory rather than run twice (a hang would wait out its watchdog twice).
     failed: list[AssertionError] = []
     remember = "phases" in options and not any(getattr(p, "name", p) == "shrink" for p in options["phases"])
-    law = BudgetedLaw(law, budget_s)  # the test below keeps its source: derandomised draws are seeded by it
+    law = BudgetedLaw(law, budget_s, fixed=len(tuple(explicit)))  # the test below keeps its source: derandomised draws are seeded by it
 
     @settings(**options)
     @given(case=law.cases(device=device))

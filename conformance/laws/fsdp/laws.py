@@ -231,7 +231,7 @@ LAWS_BY_NAME = by_name(LAWS)
 def run_law(law: Law, target_spec: str, explicit=(), **settings_kwargs) -> None:
     """``law`` under Hypothesis against ``target_spec``, the ``explicit`` cases first, within
     the law's time budget (``conformance.lawbook.BudgetedLaw``)."""
-    law = BudgetedLaw(law)  # the test below keeps its source: derandomised draws are seeded by it
+    law = BudgetedLaw(law, fixed=len(explicit))  # the test below keeps its source: derandomised draws are seeded by it
 
     @settings(**settings_kwargs)
     @given(case=law.cases())

@@ -173,7 +173,7 @@ def check_law(law: Law, subject: str, *, min_world: int = 1, explicit=(), go_on_
     among them still fails; then the first verdict is raised, and the law reads skipped with
     its reason, never passed."""
     declined: list[Verdict] = []
-    law = BudgetedLaw(law)  # a verdict within the law's time budget; the test below keeps its source (its draws)
+    law = BudgetedLaw(law, fixed=len(explicit))  # the test below keeps its source (its draws)
 
     @given(case=law.cases(min_world=min_world))
     def run(case):
