@@ -151,36 +151,59 @@ def test_model_rows_carry_every_timed_step_and_the_first_one(device, tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_cuda_graphed_step_replays_what_the_eager_step_computes(device, compiled):
-    """A step replayed from a CUDA graph updates the weights as the same step run without
-    the graph does (same kernels, gradients written afresh each replay, not summed across
-    replays), the compiled forward's step too; off CUDA it is refused by name before
-    anything runs."""
-    def model_and_optimizer():
-        torch.manual_seed(0)
-        model = gpt.make_gpt("tiny", device=device)
-        bench_model.set_attention(model, "sdpa")
-        return model, bench_model.make_optimizer(model, capturable=device.type == "cuda")
+def _model_and_optimizer(device):
+    torch.manual_seed(0)
+    model = gpt.make_gpt("tiny", device=device)
+    bench_model.set_attention(model, "sdpa")
+    return model, bench_model.make_optimizer(model, capturable=device.type == "cuda")
 
-    graphed, graphed_opt = model_and_optimizer()
-    if device.type != "cuda":
-        with pytest.raises(ValueError) as refused:
-            bench_model.make_graphed_step(graphed, "step", "fp32", 1, 16, graphed_opt, compiled=compiled)
-        names_the_device = str(refused.value).endswith("needs a CUDA device; the model is on cpu")
-        assert names_the_device, "the refusal does not say what the graphed step needs"
-        return
+
+def _graphed_weights_match_eager(device, compiled: bool, graphed_model_breaks=None) -> None:
+    """Two replays of the captured step (after its warm-up) against as many eager steps from the
+    same seed: the weights must agree.  ``graphed_model_breaks(model)`` plants a bug first."""
+    graphed, graphed_opt = _model_and_optimizer(device)
+    if graphed_model_breaks is not None:
+        graphed_model_breaks(graphed)
     replay = bench_model.make_graphed_step(graphed, "step", "fp32", 1, 16, graphed_opt,
                                            compiled=compiled)  # 3 eager steps, then capture
     for _ in range(2):
         replay()
-    eager, eager_opt = model_and_optimizer()
+    eager, eager_opt = _model_and_optimizer(device)
     step = bench_model.make_step(eager, "step", "fp32", 1, 16, eager_opt, compiled=compiled)
     for _ in range(bench_model.GRAPH_WARMUP + 2):
         step()
     torch.cuda.synchronize()
     for (name, a), b in zip(graphed.named_parameters(), eager.parameters()):
         torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_cuda_graphed_step_replays_what_the_eager_step_computes(device, compiled):
+    """A step replayed from a CUDA graph updates the weights as the same step run without
+    the graph does (same kernels, gradients written afresh each replay, not summed across
+    replays), the compiled forward's step too; off CUDA it is refused by name before
+    anything runs."""
+    if device.type != "cuda":
+        graphed, graphed_opt = _model_and_optimizer(device)
+        with pytest.raises(ValueError) as refused:
+            bench_model.make_graphed_step(graphed, "step", "fp32", 1, 16, graphed_opt, compiled=compiled)
+        names_the_device = str(refused.value).endswith("needs a CUDA device; the model is on cpu")
+        assert names_the_device, "the refusal does not say what the graphed step needs"
+        return
+    _graphed_weights_match_eager(device, compiled)
+
+
+def test_the_replay_check_fails_when_gradients_are_summed_across_replays(device):
+    """The check above can fail: with the graphed model's gradients never cleared, the captured
+    backward adds into the warm-up's gradients and every replay into the last one's."""
+    if device.type != "cuda":
+        pytest.skip("needs a CUDA device: a graph is captured only there (the refusal is checked above)")
+
+    def keep_gradients(model):
+        model.zero_grad = lambda set_to_none=True: None  # the mutant: .grad is never cleared
+
+    with pytest.raises(AssertionError):
+        _graphed_weights_match_eager(device, compiled=False, graphed_model_breaks=keep_gradients)
 
 
 def test_graphed_rows_sit_beside_the_plain_ones_and_fail_by_name_off_cuda(device):
