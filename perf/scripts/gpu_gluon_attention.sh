@@ -22,7 +22,9 @@ step() {  # name, limit in seconds, command...  (only the names in $STEPS run)
 step probe "${PROBE_S:-300}" python perf/scripts/gluon_probe.py
 # 12 workers of 16 cores: the tier compiles many kernel variants (split-KV ones too); with 8 it had
 # not finished at 380 s on an H200, with 12 it took 216 s (perf/results/2026-11-28-hopper-gluon-split-kv).
-step laws "${LAWS_S:-360}" python -m pytest -n 12 -p no:cacheprovider -q --device cuda --hypothesis-profile ci \
+# The progress log names every finished test with its seconds and Triton's compiling (a cut step too).
+step laws "${LAWS_S:-360}" env GATE_PROGRESS="$OUT/progress" python -m pytest -n 12 -p no:cacheprovider -q \
+    -p perf.gate.progress_log --device cuda --hypothesis-profile ci \
     properties/test_attention.py conformance/spec/test_attention.py conformance/selftests/test_mutants.py \
     -k "gluon or v_slot_freed or ready_phase or rescale_skipped or last_dq or discarded_split or q_freed" -rfEsp --conformance-report "$OUT/report"
 common=(--device cuda --dtypes bf16 --impls gluon triton sdpa_flash sdpa_cudnn --rounds 3 --no-plots)
@@ -37,6 +39,7 @@ step sweep "${SWEEP_S:-200}" python -m perf.bench.attention "${common[@]}" --seq
 step model "${MODEL_S:-300}" python -m perf.bench.model --device cuda --sizes small --attention sdpa gluon --precision bf16 \
     --modes step --batch 4 --context 256 1024 4096 --steps 20 --warmup 3 --compile off on --cuda-graph off on --no-plots \
     --out "$S/model"
+[ -d "$OUT/progress" ] && python -m perf.gate.progress_log "$OUT/progress" > "$OUT/laws_progress.txt" 2>&1
 [ -f "$S/sweep/attention.json" ] && python perf/scripts/attention_vs_flash.py "$S/sweep/attention.json" --impl gluon > "$S/gluon_vs_flash.md" 2>&1
 cat "$OUT/summary.txt"; tail -3 "$S/gluon_vs_flash.md" 2>/dev/null
 # what comes back from a device is limited in files: the tables travel as one archive
