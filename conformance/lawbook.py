@@ -220,8 +220,10 @@ class BudgetedLaw:
     The Hypothesis test's own source is untouched (derandomised draws are seeded by it).
     """
 
-    def __init__(self, law: Law, seconds: float | None = None, case_at: int = 1, fixed: int = 0):
+    def __init__(self, law: Law, seconds: float | None = None, case_at: int = 1, fixed: int = 0,
+                 label: str | None = None):
         self.law = law
+        self.label = label or law.name  # how its messages name it ("forward_matches_float64_reference[triton]")
         self.clock = _Clock(law_budget_s() if seconds is None else seconds)
         self.case_at = case_at  # where the case sits in check's arguments: check(subject, case, ...)
         self.fixed = fixed  # explicit examples Hypothesis runs before its draws (named in the warning)
@@ -250,17 +252,17 @@ class BudgetedLaw:
 
         clock = self.clock
         try:
-            with harness.time_budget(clock.seconds, f"law {self.name}") as clock.budget:
+            with harness.time_budget(clock.seconds, f"law {self.label}") as clock.budget:
                 hypothesis_test()
         except _OutOfBudget:
             if clock.first is not None:
                 exc, case = clock.last
-                exc.add_note(f"{self.name}: its time budget of {clock.seconds:g} s ran out after {clock.ran} example(s); "
+                exc.add_note(f"{self.label}: its time budget of {clock.seconds:g} s ran out after {clock.ran} example(s); "
                              f"shrinking stopped at the smallest failing example found so far:\ncase={case!r}")
                 raise exc from None
             fixed = f" ({min(clock.ran, self.fixed)} of its {self.fixed} fixed cases)" if self.fixed else ""
             warnings.warn(LawBudgetWarning(
-                f"{self.name}: {clock.ran} example(s){fixed} ran and passed before its time budget of {clock.seconds:g} s "
+                f"{self.label}: {clock.ran} example(s){fixed} ran and passed before its time budget of {clock.seconds:g} s "
                 f"ran out (the slowest took {clock.slowest:.1f} s, compiling and pool starts left out); "
                 f"set SUITE_LAW_BUDGET_S to draw more"), stacklevel=3)
 

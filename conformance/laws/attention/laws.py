@@ -489,7 +489,7 @@ def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> Non
     else:
         strategy = law.cases(budget, accepts_scale(attn))
     fixed = boundary_cases(budget, flavour) if law.tier != CONTRACT and law.name != "float64_gradcheck" else []
-    law = BudgetedLaw(law, fixed=len(fixed))  # a verdict within the law's time budget; the test below keeps its source
+    law = BudgetedLaw(law, fixed=len(fixed), label=f"{law.name}[{flavour}]")  # the test below keeps its source
 
     @settings(**settings_overrides)
     @given(case=strategy)
