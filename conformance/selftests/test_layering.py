@@ -2,7 +2,7 @@
 
     impl                      torch, triton, numpy and itself: nothing of the suite
     suite mechanisms          (target protocol, verdicts and refusals, oracle, profiles,
-                              harness, report, law and mutant types, capability table,
+                              harness, report, law and mutant types, compile clock, capability table,
                               accounting) no impl, no laws, no tests, no perf
     laws (conformance.laws)   mechanisms and impl (references); no tests, no perf
     adapters, mutants         targets: impl, mechanisms, laws; no tests, no perf
@@ -27,7 +27,7 @@ MECHANISMS = {
     f"conformance.{name}"
     for name in (
         "__init__", "__main__", "target", "verdicts", "refusals", "oracle", "profiles", "harness",
-        "harness_torchrun", "report", "lawbook", "capabilities", "accounting", "isolation", "grade",
+        "harness_torchrun", "report", "lawbook", "compile_clock", "capabilities", "accounting", "isolation", "grade",
     )
 }
 TESTS = ("conformance.spec", "properties", "conformance.selftests")
