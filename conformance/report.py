@@ -9,7 +9,9 @@ Statuses, per capability:
 
 A skipped check is never counted as passed, nor is one that never ran: the tests
 collected are compared with the outcomes reported, and an outcome without a capability
-label (xdist's report for a crashed worker) is attributed from its node id.
+label (xdist's report for a crashed worker) is attributed from its node id.  A law whose
+time budget ended its draws (``LawBudgetWarning``) passed on the examples that ran: its row
+says "cut short by a time budget", and the check is listed with how many ran.
 ``--conformance-report PATH`` also writes the report as JSON (``PATH.json`` or a PATH
 ending in .json) and Markdown (``PATH.md``), for CI artifacts.
 
@@ -28,6 +30,7 @@ import re
 import shlex
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
@@ -88,6 +91,7 @@ class CapabilityResult:
     api: Counts = field(default_factory=Counts)
     extras: dict = field(default_factory=dict)  # extra -> Counts
     failures: list = field(default_factory=list)  # {"test", "tier", "message", "counterexample", "replay"}
+    cut: list = field(default_factory=list)  # {"test", "message"}: checks whose time budget ended their draws
 
     def counts(self, tier: str, extra: str = "") -> list:
         if tier == CONTRACT:
@@ -115,9 +119,10 @@ class CapabilityResult:
         b = self.beyond()
         missing = f", missing: {', '.join(b['missing'][:6])}" + (" ..." if len(b["missing"]) > 6 else "") if b["missing"] else ""
         beyond = f"beyond the contract: {b['passed']} of {b['total']}{missing}" if b["total"] else ""
+        cut = f"; {len(self.cut)} cut short by a time budget" if self.cut else ""
         if self.contract.total:
-            return f"contract: {self.contract.why()}" + (f"; {beyond}" if beyond else "")
-        return f"{self.api.why()} (no contract checks in this run" + (f"; {beyond})" if beyond else ")")
+            return f"contract: {self.contract.why()}" + (f"; {beyond}" if beyond else "") + cut
+        return f"{self.api.why()} (no contract checks in this run" + (f"; {beyond})" if beyond else ")") + cut
 
 
 def capability_of(item) -> str:
@@ -271,6 +276,16 @@ class ConformanceReport:
                     c.skipped += 1
                 c.skip_reasons.append(reason)
 
+    def pytest_warning_recorded(self, warning_message, when, nodeid, location):
+        """A law whose time budget ended its draws passed on fewer examples than asked: its
+        row says so, and the check is listed with how many ran (here and from xdist workers)."""
+        if getattr(warning_message.category, "__name__", "") != "LawBudgetWarning" or not nodeid:
+            return
+        if unknown_modules([nodeid]) or capability_of_nodeid(nodeid) == SELF:
+            return
+        message = str(warning_message.message).splitlines()[0]
+        self._result(self._capability(SimpleNamespace(nodeid=nodeid))).cut.append({"test": nodeid, "message": message})
+
     def replay_command(self, nodeid: str) -> str:
         """One line that re-runs the check; Hypothesis's database replays the shrunk example."""
         parts = ["python -m pytest", shlex.quote(nodeid), "-p no:xdist"]
@@ -352,6 +367,10 @@ class ConformanceReport:
             out.append(f"| {family} | {'no checks yet' if why.startswith('no checks') else 'not checked'} | {why} |")
         for family, note in self.notes():
             out += ["", f"Note on {family}: {note}"]
+        cut = [r for r in self.rows() if r.cut]
+        if cut:
+            out += ["", "## Cut short by a time budget (passed on the examples that ran)"]
+            out += [f"- **{r.capability}** `{c['test']}`: {c['message']}" for r in cut for c in r.cut]
         fails = [r for r in self.rows() if r.failures]
         if fails:
             out += ["", "## Failures"]
@@ -392,6 +411,7 @@ class ConformanceReport:
                     "contract": dict(asdict(r.contract), status=r.contract.status if r.contract.total else "none in this run"),
                     "beyond_the_contract": r.beyond(),
                     "failures": r.failures,
+                    "cut_by_budget": r.cut,
                 }
                 for r in self.rows()
             ]
@@ -440,6 +460,9 @@ class ConformanceReport:
                 red=True,
                 bold=True,
             )
+        for r in self.rows():
+            for c in r.cut[:3]:
+                tr.write_line(f"  CUT  {r.capability}: {c['message']}", yellow=True)
         for r in self.rows():
             for f in r.failures[:3]:
                 tr.write_line(f"  FAIL {r.capability} ({f['tier']}): {f['message']}")

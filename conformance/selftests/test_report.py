@@ -289,3 +289,35 @@ def test_a_capability_note_is_shown_only_where_its_checks_ran():
     assert "FSDP" not in dict(report.notes())
     report.pytest_runtest_logreport(_report(nodeid.replace("partition", "trajectory"), "passed"))
     assert "FSDP" in dict(report.notes())
+
+
+CUT_INNER = """
+    import warnings
+    import pytest
+    from conformance.lawbook import LawBudgetWarning
+
+    @pytest.mark.parametrize("law", ["causal_a", "causal_b"])
+    @pytest.mark.parametrize("flavour", ["triton"])
+    def test_law(flavour, law):
+        if law == "causal_b":
+            warnings.warn(LawBudgetWarning("causal_b[triton]: 1 example(s) ran and passed before its time budget of "
+                                           "60 s ran out; set SUITE_LAW_BUDGET_S to draw more"))
+"""
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["in-process", "xdist"])
+def test_a_law_cut_short_by_its_time_budget_is_named_in_the_report(pytester, monkeypatch, xdist):
+    """A law that stopped drawing when its budget ran out passed on fewer examples than asked:
+    the row still conforms, and says how many checks were cut and how to draw more."""
+    pytester.makepyfile(test_attention_inner=textwrap.dedent(CUT_INNER))
+    pytester.makeconftest(REGISTER_INNER)
+    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    workers = ["-p", "xdist", "-n", "1"] if xdist else ["-p", "no:xdist"]
+    result = pytester.runpytest_subprocess("-p", "conformance.report", *workers, "-p", "no:cacheprovider",
+                                           "--conformance-report", str(pytester.path / "out" / "report"))
+    out = result.stdout.str()
+    line = next((ln for ln in out.splitlines() if "attention triton causal" in ln and "CUT " not in ln), "")
+    assert "conforms" in line and "2 passed" in line and "1 cut short by a time budget" in line, out[-3000:]
+    assert "CUT  attention triton causal: causal_b[triton]: 1 example(s) ran" in out, out[-3000:]
+    markdown = (pytester.path / "out" / "report.md").read_text()
+    assert "## Cut short by a time budget" in markdown and "SUITE_LAW_BUDGET_S" in markdown, markdown
