@@ -3,10 +3,12 @@ treats a call as one opaque node (with a fake implementation for shapes and stri
 than tracing into the autograd.Function and the kernels' Python launchers, which Dynamo and
 Inductor cannot follow (an InductorError from a compile worker).
 
-    flash_attention(q, k, v, is_causal, scale, flavour) -> O       autograd through the ops
+    attention(q, k, v, is_causal, flavour, scale=None) -> O
 
-``flavour`` is "triton" or "gluon".  Outside torch.compile, callers use the autograd.Function
-directly (``attention`` below): the dispatcher's cost is paid only where compile needs it.
+``flavour`` is "triton" or "gluon".  Under torch.compile, ``attention`` calls the forward op
+through ``_FlashAttentionOps``, an autograd.Function that Dynamo traces, whose backward calls
+the backward op.  Outside torch.compile it calls the flavour's own autograd.Function: the
+dispatcher's cost is paid only where compile needs it.
 The fake outputs have the kernels' real strides (dense in the input's memory order; L
 contiguous), as Inductor lays out what follows on them.
 """
@@ -36,45 +38,63 @@ def _dense_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, dense_strides_like(t), dtype=t.dtype, device=t.device)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::flash_forward", mutates_args=())
-def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
-                  flavour: str) -> tuple[torch.Tensor, torch.Tensor]:
+# The ops carry no autograd kernel of their own: torch.library.custom_op's (a Python kernel at the
+# Autograd key) costs 5-8 us of dispatch a call, paid twice a layer in a compiled step; the
+# autograd.Function below gives the formula instead, and Dynamo traces it into the graph.
+_LIB = torch.library.Library(NAMESPACE, "DEF")
+_LIB.define("flash_forward(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, str flavour) -> (Tensor, Tensor)")
+_LIB.define("flash_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor grad_o, bool is_causal, "
+            "float scale, str flavour) -> (Tensor, Tensor, Tensor)")
+
+
+def _forward(q, k, v, is_causal, scale, flavour):
     o, lse = _kernels(flavour).flash_forward(q, k, v, is_causal, scale)
     return o, lse
 
 
-@flash_forward.register_fake
-def _(q, k, v, is_causal, scale, flavour):
-    return _dense_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
-
-
-@torch.library.custom_op(f"{NAMESPACE}::flash_backward", mutates_args=())
-def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                   grad_o: torch.Tensor, is_causal: bool, scale: float,
-                   flavour: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward(q, k, v, o, lse, grad_o, is_causal, scale, flavour):
     dq, dk, dv = _kernels(flavour).flash_backward(q, k, v, o, lse, grad_o.to(q.dtype), is_causal, scale)
     return dq, dk, dv
 
 
-@flash_backward.register_fake
+_LIB.impl("flash_forward", _forward, "CompositeExplicitAutograd")
+_LIB.impl("flash_backward", _backward, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{NAMESPACE}::flash_forward")
+def _(q, k, v, is_causal, scale, flavour):
+    return _dense_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::flash_backward")
 def _(q, k, v, o, lse, grad_o, is_causal, scale, flavour):
     return _dense_like(q), _dense_like(k), _dense_like(v)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, is_causal, scale, flavour = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.is_causal, ctx.scale, ctx.flavour = is_causal, scale, flavour
+flash_forward = torch.ops.llm_systems.flash_forward.default
+flash_backward = torch.ops.llm_systems.flash_backward.default
 
 
-def _backward(ctx, grad_o, grad_lse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale, ctx.flavour)
-    return dq, dk, dv, None, None, None
+class _FlashAttentionOps(torch.autograd.Function):
+    """O, L through the forward op; dQ, dK, dV through the backward op (saved: q, k, v, O, L)."""
 
+    @staticmethod
+    def forward(q, k, v, is_causal, scale, flavour):
+        return flash_forward(q, k, v, is_causal, scale, flavour)
 
-flash_forward.register_autograd(_backward, setup_context=_setup_context)
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, is_causal, scale, flavour = inputs
+        o, lse = output
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal, ctx.scale, ctx.flavour = is_causal, scale, flavour
+        ctx.mark_non_differentiable(lse)
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale, ctx.flavour)
+        return dq, dk, dv, None, None, None
 
 
 def attention(q, k, v, is_causal: bool, flavour: str, scale: float | None = None):
@@ -82,7 +102,10 @@ def attention(q, k, v, is_causal: bool, flavour: str, scale: float | None = None
     autograd.Function (no dispatcher in the way of a short eager call)."""
     if torch.compiler.is_compiling():
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        return flash_forward(q, k, v, bool(is_causal), scale, flavour)[0]
+        # Dynamo traces no autograd.Function given one tensor twice: a view makes each input its own
+        k = k.view_as(k) if k is q else k
+        v = v.view_as(v) if v is q or v is k else v
+        return _FlashAttentionOps.apply(q, k, v, bool(is_causal), scale, flavour)[0]
     module = _kernels(flavour)
     fn = module.FlashAttentionTriton if flavour == "triton" else module.FlashAttentionGluon
     return fn.apply(q, k, v, is_causal, scale)
