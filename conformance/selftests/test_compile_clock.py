@@ -74,3 +74,12 @@ def test_the_next_example_is_admitted_when_the_first_was_slow_only_by_compiling(
     told = [str(w.message) for w in caught if issubclass(w.category, LawBudgetWarning)]
     assert len(ran) >= 4, (len(ran), told)
     assert told and "compiling and pool starts left out" in told[0], told
+
+
+def test_times_of_another_shape_never_break_a_compilation(fresh_clock):
+    """The listener runs inside Triton's compiler, for the target's kernels: times it cannot read
+    leave the count as it is, and the compilation goes on."""
+    knobs.compilation.listener(src=SimpleNamespace(name="k"), metadata={}, metadata_group={},
+                               times=SimpleNamespace(total=5), cache_hit=False)
+    assert compile_clock.compile_seconds() == 0.0
+    assert [e["cache_hit"] for e in fresh_clock] == [False]
