@@ -205,9 +205,9 @@ class BudgetedLaw:
         law.run(run)                            # instead of run()
 
     An example starts only while the budget has time left for it (twice the slowest so far,
-    less what that one paid once: a rank pool's start, compiling a kernel), and every case it runs on the ranks is cut to what is left (``harness.time_budget``; the
-    first start of each world size's rank pool is not charged).  So the law ends in about its
-    budget:
+    less what that one paid once: a rank pool's start, compiling a kernel), and every case it
+    runs on the ranks is cut to what is left (``harness.time_budget``; the first start of each
+    world size's rank pool is not charged).  So the law ends in about its budget:
 
     - no failure when the budget runs out: the examples that ran all passed; the law passes
       with a ``LawBudgetWarning`` saying how many ran;
@@ -292,7 +292,8 @@ def check_examples(law: Law, subject, *, device=None, max_examples: int | None =
     # raised again from memory rather than run twice (a hang would wait out its watchdog twice).
     failed: list[AssertionError] = []
     remember = "phases" in options and not any(getattr(p, "name", p) == "shrink" for p in options["phases"])
-    law = BudgetedLaw(law, budget_s, fixed=len(tuple(explicit)))  # the test below keeps its source: derandomised draws are seeded by it
+    explicit = tuple(explicit)
+    law = BudgetedLaw(law, budget_s, fixed=len(explicit))  # the test below keeps its source: its draws' seed
 
     @settings(**options)
     @given(case=law.cases(device=device))
@@ -311,7 +312,7 @@ def check_examples(law: Law, subject, *, device=None, max_examples: int | None =
                 failed.append(exc)
             raise
 
-    for case in reversed(tuple(explicit)):
+    for case in reversed(explicit):
         run = example(case=case)(run)
     law.run(run)
     if declined:
