@@ -80,6 +80,6 @@ def test_times_of_another_shape_never_break_a_compilation(fresh_clock):
     """The listener runs inside Triton's compiler, for the target's kernels: times it cannot read
     leave the count as it is, and the compilation goes on."""
     knobs.compilation.listener(src=SimpleNamespace(name="k"), metadata={}, metadata_group={},
-                               times=SimpleNamespace(total=5), cache_hit=False)
+                               times=SimpleNamespace(seconds=5), cache_hit=False)
     assert compile_clock.compile_seconds() == 0.0
     assert [e["cache_hit"] for e in fresh_clock] == [False]
