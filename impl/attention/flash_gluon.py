@@ -73,6 +73,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from impl.attention.call_graphs import CallGraphs
 from impl.attention.host_plans import PlanCache, as_4d, dense_strides_like, signature
 from impl.attention.triton_launch import Launch
 from impl.attention.validation import validate_attention_inputs
@@ -906,7 +907,10 @@ BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128,
 
 # Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
 MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3,
-           "last_dq_partial_never_added": 4, "discarded_split_counted": 5, "q_freed_before_its_last_scores": 6}
+           "last_dq_partial_never_added": 4, "discarded_split_counted": 5, "q_freed_before_its_last_scores": 6,
+           "graph_keyed_without_outputs": 7}
+GRAPH_KEYED_WITHOUT_OUTPUTS = 7  # a host mutant: the kernels are the unmutated ones
+HOST_MUTANTS = ("graph_keyed_without_outputs",)  # show only when a call recurs (not in one call)
 
 
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -1048,6 +1052,8 @@ class _ForwardPlan:
 
     def __init__(self, q, k, v, is_causal, scale, mutant):
         self.scale = _validate(q, k, v, is_causal, scale)
+        self.inputs_only_key = mutant == GRAPH_KEYED_WITHOUT_OUTPUTS
+        mutant = 0 if self.inputs_only_key else mutant
         self.is_causal = bool(is_causal)
         self.copy = tuple(not _tma_ok(as_4d(t)) for t in (q, k, v))
         q4 = as_4d(q)
@@ -1084,18 +1090,25 @@ class _ForwardPlan:
                                   (*o4_strides, H, n_q, triton.cdiv(n_q, rows), splits, self.scale,
                                    self.scale * LOG2E), dict(HEAD_DIM=d, BLOCK_M=rows, BLOCK_D=d),
                                   _options(q.device, 4, 1), q.device)
+        launches = (self.launch,) if self.combine is None else (self.launch, self.combine)
+        self.graphs = CallGraphs(q.device, launches, () if self.parts is None else
+                                 tuple((shape, torch.float32) for shape in self.parts))
 
     def __call__(self, q, k, v):
         q4, k4, v4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v), self.copy))
         o = torch.empty_strided(q.shape, self.o_strides, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        key = (q4.data_ptr(), k4.data_ptr(), v4.data_ptr(), o.data_ptr(), lse.data_ptr())
+        if self.inputs_only_key:
+            key = key[:3]
         if self.combine is None:
-            self.launch(q4, k4, v4, o, lse)
-        else:
-            o_part = torch.empty(self.parts[0], dtype=torch.float32, device=q.device)
-            ml_part = torch.empty(self.parts[1], dtype=torch.float32, device=q.device)
-            self.launch(q4, k4, v4, o_part, ml_part)
-            self.combine(o_part, ml_part, o, lse)
+            self.graphs.run(key, lambda: self.launch(q4, k4, v4, o, lse))
+        else:  # the splits' sums: the graph's scratch
+            def launch(o_part, ml_part):
+                self.launch(q4, k4, v4, o_part, ml_part)
+                self.combine(o_part, ml_part, o, lse)
+
+            self.graphs.run(key, launch)
         return o, lse
 
 
@@ -1111,6 +1124,8 @@ class _BackwardPlan:
 
     def __init__(self, q, k, v, o, lse, grad_o, is_causal, scale, mutant=0):
         self.scale = _validate(q, k, v, is_causal, scale)
+        self.inputs_only_key = mutant == GRAPH_KEYED_WITHOUT_OUTPUTS
+        mutant = 0 if self.inputs_only_key else mutant
         for name, t, like in (("O", o, q), ("dO", grad_o, q)):
             if t.shape != like.shape or t.dtype != like.dtype or t.device != like.device:
                 raise ValueError(f"attention backward (Gluon): {name} must match q's shape, dtype and device; got "
@@ -1157,6 +1172,9 @@ class _BackwardPlan:
                      CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=True, MUTANT=mutant), cfg, dev,
                 # d 128 (scores in query rows): each consumer adds half of dQ's columns
                 (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, (cfg.block_m, d // 2 if d > 64 else d)))
+            # D and dQ's float32 sums: the graph's scratch
+            self.graphs = CallGraphs(dev, (self.pre, self.dkdv, self.convert),
+                                     ((tuple(lse.shape), torch.float32), (self.dq_acc_shape, torch.float32)))
             return
         cfg = self.dq_cfg = BACKWARD_DQ_CONFIGS[d]
         self.dq = _launch(
@@ -1173,28 +1191,40 @@ class _BackwardPlan:
             dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
                  CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=False, MUTANT=mutant), cfg, q.device,
             (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
+        self.graphs = CallGraphs(q.device, (self.dq, self.dkdv), ((tuple(lse.shape), torch.float32),))  # D
 
     def __call__(self, q, k, v, o, lse, grad_o):
         q4, k4, v4, do4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v, grad_o), self.copy))
         dq, dk, dv = (torch.empty_strided(t.shape, s, dtype=t.dtype, device=t.device)
                       for t, s in zip((q, k, v), self.strides))
-        delta = torch.empty_like(lse)
+        o4, dq4, dk4, dv4 = as_4d(o), as_4d(dq), as_4d(dk), as_4d(dv)
+        key = (q4.data_ptr(), k4.data_ptr(), v4.data_ptr(), o.data_ptr(), lse.data_ptr(), do4.data_ptr(),
+               dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+        if self.inputs_only_key:
+            key = key[:6]
         if self.fused:
-            dq_acc = torch.empty(self.dq_acc_shape, dtype=torch.float32, device=q.device)
-            self.pre(as_4d(o), do4, delta, dq_acc)
-            self.dkdv(k4, v4, q4, do4, dq_acc, as_4d(dk), as_4d(dv), lse, delta)
-            self.convert(dq_acc, as_4d(dq))
-            return dq, dk, dv
-        self.dq(q4, do4, k4, v4, as_4d(o), do4, as_4d(dq), lse, delta)
-        self.dkdv(k4, v4, q4, do4, q4, as_4d(dk), as_4d(dv), lse, delta)  # q4 stands in for the unread dQ
+            def launch(delta, dq_acc):
+                self.pre(o4, do4, delta, dq_acc)
+                self.dkdv(k4, v4, q4, do4, dq_acc, dk4, dv4, lse, delta)
+                self.convert(dq_acc, dq4)
+        else:
+            def launch(delta):
+                self.dq(q4, do4, k4, v4, o4, do4, dq4, lse, delta)
+                self.dkdv(k4, v4, q4, do4, q4, dk4, dv4, lse, delta)  # q4 stands in for the unread dQ
+        self.graphs.run(key, launch)
         return dq, dk, dv
+
+
+def _forward_plan(q, k, v, is_causal, scale, mutant):
+    """(the forward's plan, its key or None)."""
+    key = _key("fwd", (q, k, v), is_causal, scale, mutant)
+    build = lambda: _ForwardPlan(q, k, v, is_causal, scale, mutant)  # noqa: E731
+    return (build() if key is None else _plan(key, build)), key
 
 
 def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None, *, mutant: int = 0):
     """O and L (natural-log logsumexp, float32, q.shape[:-1]) of attention(q, k, v)."""
-    key = _key("fwd", (q, k, v), is_causal, scale, mutant)
-    build = lambda: _ForwardPlan(q, k, v, is_causal, scale, mutant)  # noqa: E731
-    return (build() if key is None else _plan(key, build))(q, k, v)
+    return _forward_plan(q, k, v, is_causal, scale, mutant)[0](q, k, v)
 
 
 def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: float | None = None, *, mutant: int = 0):
@@ -1210,9 +1240,10 @@ def _attention_function(mutant: int):
 
         @staticmethod
         def forward(ctx, q, k, v, is_causal=False, scale=None):
-            o, lse = flash_forward(q, k, v, is_causal, scale, mutant=mutant)
+            plan, key = _forward_plan(q, k, v, is_causal, scale, mutant)
+            o, lse = plan(q, k, v)
             ctx.save_for_backward(q, k, v, o, lse)
-            ctx.is_causal, ctx.scale = bool(is_causal), scale
+            ctx.is_causal, ctx.scale, ctx.plan_key = bool(is_causal), scale, key
             return o
 
         @staticmethod
@@ -1220,7 +1251,12 @@ def _attention_function(mutant: int):
             q, k, v, o, lse = ctx.saved_tensors
             if grad_o.dtype != q.dtype:
                 grad_o = grad_o.to(q.dtype)
-            dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale, mutant=mutant)
+            if ctx.plan_key is None:
+                dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale, mutant=mutant)
+            else:  # O and L came from the forward's plan, which their signatures follow: only dO's is added
+                key = ("bwd", ctx.plan_key, signature(grad_o), torch.are_deterministic_algorithms_enabled())
+                build = lambda: _BackwardPlan(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale, mutant)  # noqa: E731
+                dq, dk, dv = _plan(key, build)(q, k, v, o, lse, grad_o)
             return dq, dk, dv, None, None
 
     return FlashAttentionGluon

@@ -147,6 +147,12 @@ class Launch:
         self.compiled = None
         self.c_launch = None
 
+    @property
+    def graph_ready(self) -> bool:
+        """A call now goes straight to Triton's C launcher and needs no global scratch, so a
+        CUDA graph can record it (impl/attention/call_graphs.py)."""
+        return DIRECT and self.c_launch is not None and not self.scratch_bytes
+
     def __call__(self, *tensors) -> None:
         if self.compiled is None or not DIRECT or _hooks_active():
             self._through_triton(tensors)

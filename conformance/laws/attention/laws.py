@@ -338,6 +338,57 @@ def results_do_not_depend_on_earlier_calls(attn, case: AttentionCase, device):
             _judge(what, t, refs, key, c)
 
 
+# The calls of fresh_values_at_recycled_addresses_give_fresh_results, in order: what each one changes.
+RECYCLED_ADDRESS_CALLS = (
+    "the case",
+    "new values written into the same input tensors, the last call's outputs freed",
+    "new values again, in the same tensors",
+    "new values in the same tensors, the last call's outputs still held (this call's land elsewhere)",
+    "new values in new input tensors, the old ones still held (at other addresses)",
+)
+
+
+def fresh_values_at_recycled_addresses_give_fresh_results(attn, case: AttentionCase, device):
+    """A training loop's steady state: every call's O and dQ, dK, dV are its own.
+
+    The same call runs five times (RECYCLED_ADDRESS_CALLS), each on new values: written in
+    place into the same input tensors while the last call's outputs are freed, so that the
+    allocator hands their memory out again; then once with the last outputs still held, so
+    that this call's land elsewhere; then once in new input tensors.  Each call is judged
+    against its own float64 reference.  An implementation that remembers by address what
+    belongs to values fails: outputs cached by ``data_ptr``, a CUDA graph of the launches
+    recorded for one set of addresses and replayed for a call whose outputs or inputs lie
+    elsewhere, a buffer kept across calls.  (results_do_not_depend_on_earlier_calls holds
+    every output, so no address recurs there.)
+    """
+    (q, k, v, do), _ = case.make(device)
+    held = []
+    for i, what in enumerate(RECYCLED_ADDRESS_CALLS):
+        c = replace(case, seed=(case.seed + i) % 2**31)
+        if i == len(RECYCLED_ADDRESS_CALLS) - 1:
+            held.append((q, k, v, do))
+            (q, k, v, do), _ = c.make(device)
+        elif i > 0:
+            q.grad = k.grad = v.grad = None
+            (q_i, k_i, v_i, do_i), _ = c.make(device, requires_grad=False)
+            with torch.no_grad():
+                for t, new in ((q, q_i), (k, k_i), (v, v_i), (do, do_i)):
+                    t.copy_(new)
+            del q_i, k_i, v_i, do_i
+        refs = references(c, device, with_grads=True)  # made at the same point of every call, as a loop's tensors are
+        with _allocations(c, device):
+            o = call(attn, q, k, v, c)
+            o.backward(do)
+        note(f"call {i + 1} ({what}): {c!r}")
+        for key, t in (("O", o.detach()), ("dQ", q.grad), ("dK", k.grad), ("dV", v.grad)):
+            if t is None:
+                raise AssertionError(f"call {i + 1} ({what}): backward produced no {key}")
+            _judge(f"call {i + 1} ({what})", t, refs, key, c)
+        if i == 2:  # the next call runs while these outputs live
+            held.append((o, q.grad, k.grad, v.grad))
+        del o, refs
+
+
 def float64_gradcheck(attn, case: AttentionCase, device):
     """Analytic gradients equal finite differences in float64 (torch.autograd.gradcheck)."""
     (q, k, v, _), _ = case.make(device)
@@ -391,6 +442,8 @@ LAWS = (
     _law(logsumexp_is_row_logsumexp_and_at_least_row_max),
     _law(forward_is_bitwise_deterministic),
     _law(results_do_not_depend_on_earlier_calls, lambda b, c: attention_cases(_short(b), allow_custom_scale=c)),
+    _law(fresh_values_at_recycled_addresses_give_fresh_results,
+         lambda b, c: attention_cases(_short(b), allow_custom_scale=c)),
     _law(float64_gradcheck, lambda b, c: tiny_float64_cases(), flavours=("pytorch",)),
 )
 

@@ -34,11 +34,13 @@ CONTROL = "conformance.mutants.attention:correct"
 DEFAULT_EXAMPLES = 40  # enough that each bug's triggering shapes are drawn
 # Every example of this law already runs one neighbour of each kind (causal flag, layout,
 # key length, dtype, scale): its bugs show in any example, and under the interpreter each
-# example costs about five calls forward and backward.
+# example costs about five calls forward and backward.  The recycled-address law runs its
+# case five times an example: an address-keyed bug shows in any example too.
 # The long bf16 contract law (check_law caps it at 3 examples: thousands of keys, seconds
 # each in the PyTorch flavour): its mutant (bf16 accumulators) fails at the first example.
 # The batch law draws two batch elements at least: a batch-mixing bug shows in every example.
 FEWER_EXAMPLES = {"results_do_not_depend_on_earlier_calls": 2,
+                  "fresh_values_at_recycled_addresses_give_fresh_results": 2,
                   "contract_long_sequences_in_bf16_match_float64_reference": 1,
                   "batch_elements_are_independent": 10}
 

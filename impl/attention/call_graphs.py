@@ -1,0 +1,160 @@
+"""A call's kernel launches recorded once as a CUDA graph and replayed when the call comes again
+with its tensors at the same addresses: a training loop's steady state, a benchmark's repetitions.
+
+At a short sequence a pass is decided by how long the host takes to issue it.  Through Triton's
+C launcher a launch costs the host 6 to 18 us on an H200's host (the Gluon dK/dV kernel with its
+five TMA descriptors the most); one graph of a backward's three launches replays in about 6.
+
+Contract
+    graphs = CallGraphs(device)
+    graphs.run(key, launch, scratch=()) -> None
+    key: hashable, and everything the launches' arguments depend on besides what the owner
+        fixes once (its plan: shapes, strides, scalars, kernels): the address of every tensor
+        they read or write, except the scratch buffers.  ``run`` adds the current stream.
+    launch(*buffers): issues the launches, all through ``Launch`` objects of
+        ``triton_launch`` (``graph_ready``), reading and writing only the tensors named by key
+        and the scratch buffers.
+    scratch: (shape, dtype) of each buffer the launches write before they read it (a
+        zeroed accumulator, per-row statistics).  A direct call gets fresh ones; a graph keeps
+        its own, allocated when it is recorded.
+    The first call with a key launches directly; the second records the launches on a side
+    stream and replays them; later ones replay.  Replaying launches exactly the kernels, with
+    exactly the arguments, that a direct call would, so results are the same bits.
+    Always direct: while the current stream is being captured (the caller's own graph records
+    the launches), while launch hooks are set (a profiler sees every launch), when a launch is
+    not bound to Triton's C launcher or needs global scratch, when the device is not the
+    current one, when the scratch of one call is over MAX_SCRATCH_BYTES, and when
+    ``LLM_SYSTEMS_CALL_GRAPHS=0`` is set.  If recording fails the owner stays direct.
+    Bounded: at most MAX_GRAPHS graphs and MAX_KEPT_BYTES of kept scratch a process, the
+    least recently used dropped first; ``clear()`` drops them all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import warnings
+from collections import OrderedDict
+
+import torch
+
+from impl.attention import triton_launch
+
+MAX_GRAPHS = 512
+MAX_SCRATCH_BYTES = 32 << 20  # a call's scratch; larger calls are issued directly
+MAX_KEPT_BYTES = 256 << 20  # all graphs' scratch together
+MAX_SEEN = 8192
+
+_ENTRIES: OrderedDict = OrderedDict()  # (owner id, stream, key) -> _Entry, least recently used first
+_SEEN: OrderedDict = OrderedDict()  # keys called once, not yet recorded
+_KEPT = [0]  # bytes of scratch the graphs hold
+_SIDE: dict = {}  # device index -> the stream graphs are recorded on
+_OWNER_IDS = itertools.count()
+
+
+def enabled() -> bool:
+    return os.environ.get("LLM_SYSTEMS_CALL_GRAPHS", "1") != "0"
+
+
+def clear() -> None:
+    """Drop every graph and its scratch (and forget the calls seen once)."""
+    _ENTRIES.clear()
+    _SEEN.clear()
+    _KEPT[0] = 0
+
+
+def graph_count() -> int:
+    return len(_ENTRIES)
+
+
+class _Entry:
+    __slots__ = ("graph", "buffers", "nbytes")
+
+    def __init__(self, graph, buffers, nbytes):
+        self.graph, self.buffers, self.nbytes = graph, buffers, nbytes
+
+
+def _nbytes(scratch) -> int:
+    total = 0
+    for shape, dtype in scratch:
+        n = 1
+        for s in shape:
+            n *= s
+        total += n * torch.empty((), dtype=dtype).element_size()
+    return total
+
+
+class CallGraphs:
+    """The graphs of one owner (a plan): its launches and scratch are fixed; a key names a call."""
+
+    __slots__ = ("device", "launches", "scratch", "scratch_bytes", "owner", "broken")
+
+    def __init__(self, device: torch.device, launches: tuple, scratch: tuple = ()):
+        self.device = device
+        self.launches = launches  # every Launch the owner's calls issue
+        self.scratch = tuple(scratch)
+        self.scratch_bytes = _nbytes(self.scratch)
+        self.owner = next(_OWNER_IDS)
+        self.broken = False
+
+    def _buffers(self) -> tuple:
+        return tuple(torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self.scratch)
+
+    def run(self, key, launch) -> None:
+        if (self.broken or self.device.type != "cuda" or torch.cuda.is_current_stream_capturing()
+                or triton_launch._hooks_active() or torch.cuda.current_device() != self.device.index):
+            launch(*self._buffers())
+            return
+        full = (self.owner, torch._C._cuda_getCurrentRawStream(self.device.index), key)
+        entry = _ENTRIES.get(full)
+        if entry is not None:
+            _ENTRIES.move_to_end(full)
+            entry.graph.replay()
+            return
+        if full not in _SEEN or not self._may_record():
+            _SEEN[full] = None
+            _SEEN.move_to_end(full)
+            if len(_SEEN) > MAX_SEEN:
+                _SEEN.popitem(last=False)
+            launch(*self._buffers())
+            return
+        del _SEEN[full]
+        entry = self._record(launch)
+        if entry is None:
+            launch(*self._buffers())
+            return
+        _ENTRIES[full] = entry
+        _KEPT[0] += entry.nbytes
+        while len(_ENTRIES) > MAX_GRAPHS or _KEPT[0] > MAX_KEPT_BYTES:
+            _, old = _ENTRIES.popitem(last=False)
+            _KEPT[0] -= old.nbytes
+        entry.graph.replay()
+
+    def _may_record(self) -> bool:
+        return (enabled() and self.scratch_bytes <= MAX_SCRATCH_BYTES
+                and all(launch.graph_ready for launch in self.launches))
+
+    def _record(self, launch):
+        """The launches recorded on a side stream (nothing runs), or None if recording failed
+        (this owner then stays direct, with a warning)."""
+        buffers = self._buffers()
+        side = _SIDE.get(self.device.index)
+        if side is None:
+            side = _SIDE[self.device.index] = torch.cuda.Stream(self.device)
+        current = torch.cuda.current_stream(self.device)
+        side.wait_stream(current)  # the buffers' allocation is ordered before the replays
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.stream(side):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    launch(*buffers)
+                finally:
+                    graph.capture_end()
+        except RuntimeError as exc:
+            self.broken = True
+            warnings.warn(f"recording a CUDA graph of an attention call failed ({exc}); its launches are issued "
+                          "directly from now on", RuntimeWarning, stacklevel=3)
+            return None
+        current.wait_stream(side)
+        return _Entry(graph, buffers, self.scratch_bytes)

@@ -1,0 +1,186 @@
+"""impl/attention/call_graphs.py: a call's launches are replayed from a CUDA graph only where a
+direct launch would do exactly the same, and every other call is launched directly.
+
+The policy is checked on the CPU with the recording stubbed (a "graph" that runs the launches
+again with its kept scratch); the graphs themselves on a Hopper GPU through the Gluon
+flavour: a call repeated at the same addresses replays, with the direct path's bits.  The law
+fresh_values_at_recycled_addresses_give_fresh_results judges the graphs against the float64
+oracle, and rejects the kept mutant whose graphs are keyed on the inputs alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from impl.attention import call_graphs, triton_launch
+
+
+class _ReadyLaunch:
+    graph_ready = True
+
+
+class _FakeGraph:
+    """Replays by running the recorded launch again with the graph's kept buffers."""
+
+    def __init__(self, launch, buffers):
+        self.launch, self.buffers, self.replays = launch, buffers, 0
+
+    def replay(self):
+        self.replays += 1
+        self.launch(*self.buffers)
+
+
+@pytest.fixture
+def policy(monkeypatch):
+    """CallGraphs on a pretend CUDA device: buffers on the CPU, recording stubbed."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
+    monkeypatch.setattr(triton_launch, "_hooks_active", lambda: False)
+    monkeypatch.setattr(call_graphs.CallGraphs, "_buffers",
+                        lambda self: tuple(torch.empty(shape, dtype=dtype) for shape, dtype in self.scratch))
+    recorded = []
+
+    def record(self, launch):
+        buffers = self._buffers()
+        recorded.append(_FakeGraph(launch, buffers))
+        return call_graphs._Entry(recorded[-1], buffers, self.scratch_bytes)
+
+    monkeypatch.setattr(call_graphs.CallGraphs, "_record", record)
+    monkeypatch.delenv("LLM_SYSTEMS_CALL_GRAPHS", raising=False)
+    call_graphs.clear()
+    yield recorded
+    call_graphs.clear()
+
+
+def _owner(scratch=(((4, 8), torch.float32),), launches=(_ReadyLaunch(),)):
+    return call_graphs.CallGraphs(torch.device("cuda", 0), launches, scratch)
+
+
+def test_a_key_is_launched_directly_then_recorded_on_its_second_call_then_replayed(policy):
+    graphs, calls = _owner(), []
+    launch = lambda buf: calls.append(buf.data_ptr())  # noqa: E731
+    for _ in range(4):
+        graphs.run(("q", 1), launch)
+    assert len(policy) == 1 and policy[0].replays == 3  # recorded at call 2, which replays at once; 3 and 4 replay
+    assert call_graphs.graph_count() == 1
+    graphs.run(("q", 2), launch)  # another address set: direct, no recording
+    assert len(policy) == 1 and call_graphs.graph_count() == 1
+
+
+def test_a_direct_call_gets_fresh_scratch_and_a_graph_keeps_its_own(policy):
+    graphs, seen = _owner(), []
+    graphs.run("k", lambda buf: seen.append(buf))
+    graphs.run("k", lambda buf: seen.append(buf))
+    graphs.run("k", lambda buf: seen.append(buf))
+    # the first call's buffer is its own; the graph's (recorded at the second) is used by every replay
+    assert seen[1] is not seen[0] and seen[2] is seen[1] is policy[0].buffers[0]
+
+
+@pytest.mark.parametrize("why", ["capturing", "hooks", "env", "not ready", "scratch too large", "other device"])
+def test_calls_stay_direct_where_a_graph_could_differ_or_is_not_wanted(policy, monkeypatch, why):
+    scratch, launches = (((4, 8), torch.float32),), (_ReadyLaunch(),)
+    if why == "capturing":
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    elif why == "hooks":
+        monkeypatch.setattr(triton_launch, "_hooks_active", lambda: True)
+    elif why == "env":
+        monkeypatch.setenv("LLM_SYSTEMS_CALL_GRAPHS", "0")
+    elif why == "not ready":
+        launches = (_ReadyLaunch(), type("Unbound", (), {"graph_ready": False})())
+    elif why == "scratch too large":
+        scratch = (((call_graphs.MAX_SCRATCH_BYTES // 4 + 1,), torch.float32),)
+        monkeypatch.setattr(call_graphs.CallGraphs, "_buffers", lambda self: (torch.empty(1),))
+    else:
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    graphs, calls = _owner(scratch, launches), []
+    for _ in range(4):
+        graphs.run("k", lambda *bufs: calls.append(1))
+    assert len(calls) == 4 and not policy and call_graphs.graph_count() == 0
+
+
+def test_graphs_and_their_kept_scratch_are_bounded_least_recently_used_first(policy, monkeypatch):
+    monkeypatch.setattr(call_graphs, "MAX_GRAPHS", 3)
+    graphs = _owner()
+    for key in range(5):
+        graphs.run(key, lambda buf: None)
+        graphs.run(key, lambda buf: None)
+    assert call_graphs.graph_count() == 3
+    assert call_graphs._KEPT[0] == 3 * graphs.scratch_bytes
+    graphs.run(0, lambda buf: None)  # dropped: seen again, not replayed
+    assert sum(g.replays for g in policy) == 5  # only each recording's own replay so far
+    monkeypatch.setattr(call_graphs, "MAX_KEPT_BYTES", graphs.scratch_bytes)
+    graphs.run(1, lambda buf: None)
+    graphs.run(1, lambda buf: None)
+    assert call_graphs.graph_count() == 1 and call_graphs._KEPT[0] == graphs.scratch_bytes
+
+
+def test_keys_of_two_owners_never_meet(policy):
+    a, b, calls = _owner(), _owner(), []
+    a.run("same", lambda buf: calls.append("a"))
+    b.run("same", lambda buf: calls.append("b"))
+    b.run("same", lambda buf: calls.append("b"))
+    assert calls == ["a", "b", "b"] and len(policy) == 1  # b's second call records b's launches
+
+
+# --------------------------------------------------------------------------- on a Hopper GPU
+
+
+def _hopper():
+    fg = pytest.importorskip("impl.attention.flash_gluon")
+    reason = fg.hopper_reason() if fg.GLUON_IMPORT_ERROR is None else str(fg.GLUON_IMPORT_ERROR)
+    if reason:
+        pytest.skip(f"not run here: {reason}")
+    return fg
+
+
+def _fwd_bwd(fg, q, k, v, do, causal):
+    for t in (q, k, v):
+        t.grad = None
+    o = fg.FlashAttentionGluon.apply(q, k, v, causal)
+    o.backward(do)
+    lse = o.grad_fn.saved_tensors[4]
+    return tuple(t.detach().clone() for t in (o, lse, q.grad, k.grad, v.grad))
+
+
+@pytest.mark.parametrize("n, d, causal", [(128, 64, True), (1000, 64, True), (300, 128, False)])
+def test_a_call_repeated_at_its_addresses_replays_graphs_with_the_direct_paths_bits(monkeypatch, n, d, causal):
+    """Forward and backward each recorded at the second call and replayed at the third and
+    fourth: O, L, dK and dV the same bits as the direct path's, dQ within the reordering of its
+    float32 sums (their TMA reductions land in varying order on either path).  N 1000 causal:
+    a split forward (its sums are the graph's scratch)."""
+    fg = _hopper()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    monkeypatch.setenv("LLM_SYSTEMS_CALL_GRAPHS", "0")
+    call_graphs.clear()
+    direct = _fwd_bwd(fg, q, k, v, do, causal)
+    assert call_graphs.graph_count() == 0
+    monkeypatch.delenv("LLM_SYSTEMS_CALL_GRAPHS")
+    runs = [_fwd_bwd(fg, q, k, v, do, causal) for _ in range(4)]
+    torch.cuda.synchronize()
+    assert call_graphs.graph_count() == 2, "a call repeated at its addresses was not recorded"
+    for run in runs:
+        for name, a, b in zip(("O", "L", "dQ", "dK", "dV"), direct, run):
+            if name == "dQ":
+                torch.testing.assert_close(b.float(), a.float(), rtol=1e-2, atol=1e-2, msg=name)
+            else:
+                assert torch.equal(a, b), f"{name} differs between the direct and the replayed call"
+
+
+def test_a_call_inside_the_callers_own_capture_is_recorded_there_not_by_us():
+    fg = _hopper()
+    q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    want, _ = fg.flash_forward(q, k, v, True)
+    call_graphs.clear()
+    fg.flash_forward(q, k, v, True)  # warm: the launch is bound, the key seen once
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, _ = fg.flash_forward(q, k, v, True)
+    assert call_graphs.graph_count() == 0
+    o.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o, want)
