@@ -23,8 +23,9 @@ Contract
     Always direct: while the current stream is being captured (the caller's own graph records
     the launches), while launch hooks are set (a profiler sees every launch), when a launch is
     not bound to Triton's C launcher or needs global scratch, when the device is not the
-    current one, when the scratch of one call is over MAX_SCRATCH_BYTES, and when
-    ``LLM_SYSTEMS_CALL_GRAPHS=0`` is set.  If recording fails the owner stays direct.
+    current one, when the scratch of one call is over MAX_SCRATCH_BYTES, and when ENABLED is
+    False (``LLM_SYSTEMS_CALL_GRAPHS=0`` in the environment at import).  If recording fails
+    the owner stays direct.
     Bounded: at most MAX_GRAPHS graphs and MAX_KEPT_BYTES of kept scratch a process, the
     least recently used dropped first; ``clear()`` drops them all.
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import warnings
 from collections import OrderedDict
 
@@ -44,23 +46,22 @@ MAX_GRAPHS = 512
 MAX_SCRATCH_BYTES = 32 << 20  # a call's scratch; larger calls are issued directly
 MAX_KEPT_BYTES = 256 << 20  # all graphs' scratch together
 MAX_SEEN = 8192
+ENABLED = os.environ.get("LLM_SYSTEMS_CALL_GRAPHS", "1") != "0"
 
 _ENTRIES: OrderedDict = OrderedDict()  # (owner id, stream, key) -> _Entry, least recently used first
 _SEEN: OrderedDict = OrderedDict()  # keys called once, not yet recorded
 _KEPT = [0]  # bytes of scratch the graphs hold
 _SIDE: dict = {}  # device index -> the stream graphs are recorded on
 _OWNER_IDS = itertools.count()
-
-
-def enabled() -> bool:
-    return os.environ.get("LLM_SYSTEMS_CALL_GRAPHS", "1") != "0"
+_LOCK = threading.Lock()  # the bookkeeping above; a backward runs on autograd's device thread
 
 
 def clear() -> None:
     """Drop every graph and its scratch (and forget the calls seen once)."""
-    _ENTRIES.clear()
-    _SEEN.clear()
-    _KEPT[0] = 0
+    with _LOCK:
+        _ENTRIES.clear()
+        _SEEN.clear()
+        _KEPT[0] = 0
 
 
 def graph_count() -> int:
@@ -101,37 +102,40 @@ class CallGraphs:
         return tuple(torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self.scratch)
 
     def run(self, key, launch) -> None:
-        if (self.broken or self.device.type != "cuda" or torch.cuda.is_current_stream_capturing()
+        if (not ENABLED or self.broken or self.device.type != "cuda" or torch.cuda.is_current_stream_capturing()
                 or triton_launch._hooks_active() or torch.cuda.current_device() != self.device.index):
             launch(*self._buffers())
             return
         full = (self.owner, torch._C._cuda_getCurrentRawStream(self.device.index), key)
-        entry = _ENTRIES.get(full)
-        if entry is not None:
-            _ENTRIES.move_to_end(full)
-            entry.graph.replay()
-            return
-        if full not in _SEEN or not self._may_record():
-            _SEEN[full] = None
-            _SEEN.move_to_end(full)
-            if len(_SEEN) > MAX_SEEN:
-                _SEEN.popitem(last=False)
-            launch(*self._buffers())
-            return
-        del _SEEN[full]
-        entry = self._record(launch)
+        with _LOCK:
+            entry = _ENTRIES.get(full)
+            if entry is not None:
+                _ENTRIES.move_to_end(full)
+            else:
+                record = full in _SEEN and self._may_record()
+                if record:
+                    del _SEEN[full]
+                else:
+                    _SEEN[full] = None
+                    _SEEN.move_to_end(full)
+                    if len(_SEEN) > MAX_SEEN:
+                        _SEEN.popitem(last=False)
         if entry is None:
-            launch(*self._buffers())
-            return
-        _ENTRIES[full] = entry
-        _KEPT[0] += entry.nbytes
-        while len(_ENTRIES) > MAX_GRAPHS or _KEPT[0] > MAX_KEPT_BYTES:
-            _, old = _ENTRIES.popitem(last=False)
-            _KEPT[0] -= old.nbytes
+            entry = self._record(launch) if record else None
+            if entry is None:
+                launch(*self._buffers())
+                return
+            with _LOCK:
+                twin = _ENTRIES.pop(full, None)  # another thread recorded the same call meanwhile
+                _KEPT[0] += entry.nbytes - (twin.nbytes if twin is not None else 0)
+                _ENTRIES[full] = entry
+                while len(_ENTRIES) > MAX_GRAPHS or _KEPT[0] > MAX_KEPT_BYTES:
+                    _, old = _ENTRIES.popitem(last=False)
+                    _KEPT[0] -= old.nbytes
         entry.graph.replay()
 
     def _may_record(self) -> bool:
-        return (enabled() and self.scratch_bytes <= MAX_SCRATCH_BYTES
+        return (self.scratch_bytes <= MAX_SCRATCH_BYTES
                 and all(launch.graph_ready for launch in self.launches))
 
     def _record(self, launch):
