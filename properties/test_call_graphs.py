@@ -115,6 +115,24 @@ def test_graphs_and_their_kept_scratch_are_bounded_least_recently_used_first(pol
     assert call_graphs.graph_count() == 1 and call_graphs._KEPT[0] == graphs.scratch_bytes
 
 
+def test_recording_stops_once_graphs_are_not_replayed_enough_to_pay_for_it(policy, monkeypatch):
+    """Past FREE_RECORDINGS, an owner records only while its graphs replay at least as often as
+    it records: addresses that recur just twice (record, then never again) stop costing
+    recordings; once replays come, recording resumes."""
+    monkeypatch.setattr(call_graphs, "FREE_RECORDINGS", 2)
+    graphs = _owner()
+    for key in range(6):  # each address set twice, never a third time
+        graphs.run(key, lambda buf: None)
+        graphs.run(key, lambda buf: None)
+    assert len(policy) == 2 and call_graphs.stats()["declined"] == 4
+    for _ in range(2):  # the two graphs replay: recording may resume
+        graphs.run(0, lambda buf: None)
+        graphs.run(1, lambda buf: None)
+    graphs.run(99, lambda buf: None)
+    graphs.run(99, lambda buf: None)
+    assert len(policy) == 3
+
+
 def test_keys_of_two_owners_never_meet(policy):
     a, b, calls = _owner(), _owner(), []
     a.run("same", lambda buf: calls.append("a"))
@@ -134,6 +152,16 @@ def _hopper():
     return fg
 
 
+def _fwd_bwd_views(fg, q, k, v, do, causal):
+    """O, L, dQ, dK, dV of one call, not copied (the caller copies them into kept buffers)."""
+    for t in (q, k, v):
+        t.grad = None
+    o = fg.FlashAttentionGluon.apply(q, k, v, causal)
+    lse = o.grad_fn.saved_tensors[4]
+    o.backward(do)
+    return o.detach(), lse, q.grad, k.grad, v.grad
+
+
 def _fwd_bwd(fg, q, k, v, do, causal):
     for t in (q, k, v):
         t.grad = None
@@ -145,8 +173,7 @@ def _fwd_bwd(fg, q, k, v, do, causal):
 
 @pytest.mark.parametrize("n, d, causal", [(128, 64, True), (1000, 64, True), (300, 128, False)])
 def test_a_call_repeated_at_its_addresses_replays_graphs_with_the_direct_paths_bits(monkeypatch, n, d, causal):
-    """Forward and backward each recorded at the second call and replayed at the third and
-    fourth: O, L, dK and dV the same bits as the direct path's, dQ within the reordering of its
+    """Forward and backward each recorded once their addresses recur and replayed after: O, L, dK and dV the same bits as the direct path's, dQ within the reordering of its
     float32 sums (their TMA reductions land in varying order on either path).  N 1000 causal:
     a split forward (its sums are the graph's scratch)."""
     fg = _hopper()
@@ -159,15 +186,19 @@ def test_a_call_repeated_at_its_addresses_replays_graphs_with_the_direct_paths_b
     direct = _fwd_bwd(fg, q, k, v, do, causal)
     assert call_graphs.graph_count() == 0
     monkeypatch.setattr(call_graphs, "ENABLED", True)
-    for call in range(4):  # each judged and dropped before the next: a loop's steady state
-        run = _fwd_bwd(fg, q, k, v, do, causal)
+    kept = [[torch.empty_like(t) for t in direct] for _ in range(6)]  # allocated before the loop: a loop's steady state
+    for call in range(6):
+        for out, t in zip(kept[call], _fwd_bwd_views(fg, q, k, v, do, causal)):
+            out.copy_(t)
+    torch.cuda.synchronize()
+    stats = call_graphs.stats()
+    assert stats["graphs"] == 2 and stats["replayed"] >= 4, f"a call repeated at its addresses was not replayed: {stats}"
+    for call, run in enumerate(kept):
         for name, a, b in zip(("O", "L", "dQ", "dK", "dV"), direct, run):
             if name == "dQ":
                 torch.testing.assert_close(b.float(), a.float(), rtol=1e-2, atol=1e-2, msg=f"call {call + 1}: dQ")
             else:
                 assert torch.equal(a, b), f"call {call + 1}: {name} differs between the direct and the replayed call"
-        del run
-    assert call_graphs.graph_count() == 2, "a call repeated at its addresses was not recorded"
 
 
 def test_a_call_inside_the_callers_own_capture_is_recorded_there_not_by_us():

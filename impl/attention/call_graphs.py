@@ -27,7 +27,11 @@ Contract
     False (``LLM_SYSTEMS_CALL_GRAPHS=0`` in the environment at import).  If recording fails
     the owner stays direct.
     Bounded: at most MAX_GRAPHS graphs and MAX_KEPT_BYTES of kept scratch a process, the
-    least recently used dropped first; ``clear()`` drops them all.
+    least recently used dropped first; ``clear()`` drops them all.  Recording costs far more
+    than a direct call (capture and instantiation), so it must be paid back by replays: past
+    FREE_RECORDINGS an owner records again only while its graphs have been replayed at least
+    as often as it has recorded (addresses that recur only twice, or graphs dropped before
+    they replay, stop the recording).  ``stats()`` counts what happened.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ MAX_GRAPHS = 512
 MAX_SCRATCH_BYTES = 32 << 20  # a call's scratch; larger calls are issued directly
 MAX_KEPT_BYTES = 256 << 20  # all graphs' scratch together
 MAX_SEEN = 8192
+FREE_RECORDINGS = 32  # an owner's recordings before its replays must keep pace
 ENABLED = os.environ.get("LLM_SYSTEMS_CALL_GRAPHS", "1") != "0"
 
 _ENTRIES: OrderedDict = OrderedDict()  # (owner id, stream, key) -> _Entry, least recently used first
@@ -54,6 +59,13 @@ _KEPT = [0]  # bytes of scratch the graphs hold
 _SIDE: dict = {}  # device index -> the stream graphs are recorded on
 _OWNER_IDS = itertools.count()
 _LOCK = threading.Lock()  # the bookkeeping above; a backward runs on autograd's device thread
+_STATS = {"direct": 0, "recorded": 0, "replayed": 0, "dropped": 0, "declined": 0}
+
+
+def stats() -> dict:
+    """Calls issued directly, graphs recorded, replays (a recording's own first replay
+    included), graphs dropped by the bounds, recordings declined for want of replays."""
+    return dict(_STATS, graphs=len(_ENTRIES), kept_bytes=_KEPT[0])
 
 
 def clear() -> None:
@@ -62,6 +74,7 @@ def clear() -> None:
         _ENTRIES.clear()
         _SEEN.clear()
         _KEPT[0] = 0
+        _STATS.update(dict.fromkeys(_STATS, 0))
 
 
 def graph_count() -> int:
@@ -88,7 +101,7 @@ def _nbytes(scratch) -> int:
 class CallGraphs:
     """The graphs of one owner (a plan): its launches and scratch are fixed; a key names a call."""
 
-    __slots__ = ("device", "launches", "scratch", "scratch_bytes", "owner", "broken")
+    __slots__ = ("device", "launches", "scratch", "scratch_bytes", "owner", "broken", "recorded", "replayed")
 
     def __init__(self, device: torch.device, launches: tuple, scratch: tuple = ()):
         self.device = device
@@ -97,6 +110,7 @@ class CallGraphs:
         self.scratch_bytes = _nbytes(self.scratch)
         self.owner = next(_OWNER_IDS)
         self.broken = False
+        self.recorded = self.replayed = 0
 
     def _buffers(self) -> tuple:
         return tuple(torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self.scratch)
@@ -104,6 +118,7 @@ class CallGraphs:
     def run(self, key, launch) -> None:
         if (not ENABLED or self.broken or self.device.type != "cuda" or torch.cuda.is_current_stream_capturing()
                 or triton_launch._hooks_active() or torch.cuda.current_device() != self.device.index):
+            _STATS["direct"] += 1
             launch(*self._buffers())
             return
         full = (self.owner, torch._C._cuda_getCurrentRawStream(self.device.index), key)
@@ -123,18 +138,27 @@ class CallGraphs:
         if entry is None:
             entry = self._record(launch) if record else None
             if entry is None:
+                _STATS["direct"] += 1
                 launch(*self._buffers())
                 return
             with _LOCK:
                 twin = _ENTRIES.pop(full, None)  # another thread recorded the same call meanwhile
                 _KEPT[0] += entry.nbytes - (twin.nbytes if twin is not None else 0)
                 _ENTRIES[full] = entry
+                self.recorded += 1
+                _STATS["recorded"] += 1
                 while len(_ENTRIES) > MAX_GRAPHS or _KEPT[0] > MAX_KEPT_BYTES:
                     _, old = _ENTRIES.popitem(last=False)
                     _KEPT[0] -= old.nbytes
+                    _STATS["dropped"] += 1
+        self.replayed += 1
+        _STATS["replayed"] += 1
         entry.graph.replay()
 
     def _may_record(self) -> bool:
+        if self.recorded >= FREE_RECORDINGS and self.replayed < 2 * self.recorded:  # its own first replays, and as many more
+            _STATS["declined"] += 1
+            return False
         return (self.scratch_bytes <= MAX_SCRATCH_BYTES
                 and all(launch.graph_ready for launch in self.launches))
 
