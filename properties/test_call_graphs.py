@@ -57,24 +57,24 @@ def _owner(scratch=(((4, 8), torch.float32),), launches=(_ReadyLaunch(),)):
     return call_graphs.CallGraphs(torch.device("cuda", 0), launches, scratch)
 
 
-def test_a_key_is_launched_directly_then_recorded_on_its_second_call_then_replayed(policy):
+def test_a_key_is_launched_directly_then_recorded_on_its_third_call_then_replayed(policy):
     graphs, calls = _owner(), []
     launch = lambda buf: calls.append(buf.data_ptr())  # noqa: E731
-    for _ in range(4):
+    for _ in range(5):
         graphs.run(("q", 1), launch)
-    assert len(policy) == 1 and policy[0].replays == 3  # recorded at call 2, which replays at once; 3 and 4 replay
+    assert len(policy) == 1 and policy[0].replays == 3  # recorded at call 3, which replays at once; 4 and 5 replay
     assert call_graphs.graph_count() == 1
-    graphs.run(("q", 2), launch)  # another address set: direct, no recording
+    for _ in range(2):
+        graphs.run(("q", 2), launch)  # another address set, twice: direct, no recording
     assert len(policy) == 1 and call_graphs.graph_count() == 1
 
 
 def test_a_direct_call_gets_fresh_scratch_and_a_graph_keeps_its_own(policy):
     graphs, seen = _owner(), []
-    graphs.run("k", lambda buf: seen.append(buf))
-    graphs.run("k", lambda buf: seen.append(buf))
-    graphs.run("k", lambda buf: seen.append(buf))
-    # the first call's buffer is its own; the graph's (recorded at the second) is used by every replay
-    assert seen[1] is not seen[0] and seen[2] is seen[1] is policy[0].buffers[0]
+    for _ in range(4):
+        graphs.run("k", lambda buf: seen.append(buf))
+    # a direct call's buffer is its own; the graph's (recorded at the third) is used by every replay
+    assert seen[1] is not seen[0] and seen[3] is seen[2] is policy[0].buffers[0]
 
 
 @pytest.mark.parametrize("why", ["capturing", "hooks", "switched off", "not ready", "scratch too large", "other device"])
@@ -103,15 +103,15 @@ def test_graphs_and_their_kept_scratch_are_bounded_least_recently_used_first(pol
     monkeypatch.setattr(call_graphs, "MAX_GRAPHS", 3)
     graphs = _owner()
     for key in range(5):
-        graphs.run(key, lambda buf: None)
-        graphs.run(key, lambda buf: None)
+        for _ in range(3):
+            graphs.run(key, lambda buf: None)
     assert call_graphs.graph_count() == 3
     assert call_graphs._KEPT[0] == 3 * graphs.scratch_bytes
     graphs.run(0, lambda buf: None)  # dropped: seen again, not replayed
     assert sum(g.replays for g in policy) == 5  # only each recording's own replay so far
     monkeypatch.setattr(call_graphs, "MAX_KEPT_BYTES", graphs.scratch_bytes)
-    graphs.run(1, lambda buf: None)
-    graphs.run(1, lambda buf: None)
+    for _ in range(3):
+        graphs.run(1, lambda buf: None)
     assert call_graphs.graph_count() == 1 and call_graphs._KEPT[0] == graphs.scratch_bytes
 
 
@@ -121,24 +121,25 @@ def test_recording_stops_once_graphs_are_not_replayed_enough_to_pay_for_it(polic
     recordings; once replays come, recording resumes."""
     monkeypatch.setattr(call_graphs, "FREE_RECORDINGS", 2)
     graphs = _owner()
-    for key in range(6):  # each address set twice, never a third time
-        graphs.run(key, lambda buf: None)
-        graphs.run(key, lambda buf: None)
+    for key in range(6):  # each address set three times, never a fourth
+        for _ in range(3):
+            graphs.run(key, lambda buf: None)
     assert len(policy) == 2 and call_graphs.stats()["declined"] == 4
     for _ in range(2):  # the two graphs replay: recording may resume
         graphs.run(0, lambda buf: None)
         graphs.run(1, lambda buf: None)
-    graphs.run(99, lambda buf: None)
-    graphs.run(99, lambda buf: None)
+    for _ in range(3):
+        graphs.run(99, lambda buf: None)
     assert len(policy) == 3
 
 
 def test_keys_of_two_owners_never_meet(policy):
     a, b, calls = _owner(), _owner(), []
-    a.run("same", lambda buf: calls.append("a"))
-    b.run("same", lambda buf: calls.append("b"))
-    b.run("same", lambda buf: calls.append("b"))
-    assert calls == ["a", "b", "b"] and len(policy) == 1  # b's second call records b's launches
+    for _ in range(2):
+        a.run("same", lambda buf: calls.append("a"))
+    for _ in range(3):
+        b.run("same", lambda buf: calls.append("b"))
+    assert calls == ["a"] * 2 + ["b"] * 3 and len(policy) == 1  # b's third call records b's launches
 
 
 # --------------------------------------------------------------------------- on a Hopper GPU
@@ -186,13 +187,14 @@ def test_a_call_repeated_at_its_addresses_replays_graphs_with_the_direct_paths_b
     direct = _fwd_bwd(fg, q, k, v, do, causal)
     assert call_graphs.graph_count() == 0
     monkeypatch.setattr(call_graphs, "ENABLED", True)
-    kept = [[torch.empty_like(t) for t in direct] for _ in range(6)]  # allocated before the loop: a loop's steady state
-    for call in range(6):
+    kept = [[torch.empty_like(t) for t in direct] for _ in range(8)]  # allocated before the loop: a loop's steady state
+    for call in range(8):
         for out, t in zip(kept[call], _fwd_bwd_views(fg, q, k, v, do, causal)):
             out.copy_(t)
     torch.cuda.synchronize()
     stats = call_graphs.stats()
-    assert stats["graphs"] == 2 and stats["replayed"] >= 4, f"a call repeated at its addresses was not replayed: {stats}"
+    # forward and backward recorded (their addresses may alternate between two sets), and replayed after
+    assert stats["recorded"] >= 2 and stats["replayed"] > stats["recorded"], f"no graph replayed: {stats}"
     for call, run in enumerate(kept):
         for name, a, b in zip(("O", "L", "dQ", "dK", "dV"), direct, run):
             if name == "dQ":

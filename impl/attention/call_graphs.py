@@ -17,8 +17,8 @@ Contract
     scratch: (shape, dtype) of each buffer the launches write before they read it (a
         zeroed accumulator, per-row statistics).  A direct call gets fresh ones; a graph keeps
         its own, allocated when it is recorded.
-    The first call with a key launches directly; the second records the launches on a side
-    stream and replays them; later ones replay.  Replaying launches exactly the kernels, with
+    The first SIGHTINGS calls with a key launch directly; the next records the launches on a
+    side stream and replays them; later ones replay.  Replaying launches exactly the kernels, with
     exactly the arguments, that a direct call would, so results are the same bits.
     Always direct: while the current stream is being captured (the caller's own graph records
     the launches), while launch hooks are set (a profiler sees every launch), when a launch is
@@ -50,11 +50,12 @@ MAX_GRAPHS = 512
 MAX_SCRATCH_BYTES = 32 << 20  # a call's scratch; larger calls are issued directly
 MAX_KEPT_BYTES = 256 << 20  # all graphs' scratch together
 MAX_SEEN = 8192
+SIGHTINGS = 2  # direct calls of a key before it is recorded (addresses that recur only in pairs never are)
 FREE_RECORDINGS = 32  # an owner's recordings before its replays must keep pace
 ENABLED = os.environ.get("LLM_SYSTEMS_CALL_GRAPHS", "1") != "0"
 
 _ENTRIES: OrderedDict = OrderedDict()  # (owner id, stream, key) -> _Entry, least recently used first
-_SEEN: OrderedDict = OrderedDict()  # keys called once, not yet recorded
+_SEEN: OrderedDict = OrderedDict()  # keys called directly -> how often
 _KEPT = [0]  # bytes of scratch the graphs hold
 _SIDE: dict = {}  # device index -> the stream graphs are recorded on
 _OWNER_IDS = itertools.count()
@@ -127,11 +128,11 @@ class CallGraphs:
             if entry is not None:
                 _ENTRIES.move_to_end(full)
             else:
-                record = full in _SEEN and self._may_record()
+                record = _SEEN.get(full, 0) >= SIGHTINGS and self._may_record()
                 if record:
                     del _SEEN[full]
                 else:
-                    _SEEN[full] = None
+                    _SEEN[full] = _SEEN.get(full, 0) + 1
                     _SEEN.move_to_end(full)
                     if len(_SEEN) > MAX_SEEN:
                         _SEEN.popitem(last=False)
