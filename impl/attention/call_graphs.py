@@ -2,8 +2,9 @@
 with its tensors at the same addresses: a training loop's steady state, a benchmark's repetitions.
 
 At a short sequence a pass is decided by how long the host takes to issue it.  Through Triton's
-C launcher a launch costs the host 6 to 18 us on an H200's host (the Gluon dK/dV kernel with its
-five TMA descriptors the most); one graph of a backward's three launches replays in about 6.
+C launcher a launch costs the host 8 to 18 us on an H200's host (the Gluon dK/dV kernel with its
+five TMA descriptors the most); a graph of a backward's three launches replays in about 6, and
+recording one costs about 150 (perf/results/2026-11-28-h200-call-graphs/).
 
 Contract
     graphs = CallGraphs(device)
@@ -47,8 +48,8 @@ import torch
 from impl.attention import triton_launch
 
 MAX_GRAPHS = 512
-MAX_SCRATCH_BYTES = 32 << 20  # a call's scratch; larger calls are issued directly
-MAX_KEPT_BYTES = 256 << 20  # all graphs' scratch together
+MAX_SCRATCH_BYTES = 8 << 20  # a call's scratch; larger calls (whose GPU time hides their host time) are issued directly
+MAX_KEPT_BYTES = 64 << 20  # all graphs' scratch together: memory the caller never sees allocated
 MAX_SEEN = 8192
 SIGHTINGS = 2  # direct calls of a key before it is recorded (addresses that recur only in pairs never are)
 FREE_RECORDINGS = 32  # an owner's recordings before its replays must keep pace

@@ -19,6 +19,9 @@ Contract
     Returns O in the input dtype, dense in q's memory order (as the Triton flavour).
     Saved for backward: q, k, v, O and L = logsumexp of the scaled scores (natural log,
     float32, shape q.shape[:-1], contiguous), the only saved tensor of that shape.
+    Host path: a plan per call signature (validated once); a call that recurs with its tensors
+    at the same addresses replays its launches from a CUDA graph (call_graphs.py: D, dQ's
+    float32 sums and the split forward's partial sums then live with the graph).
 
 Schedule
     Every kernel: one program per tile, split between two consumer warpgroups (the default
