@@ -7,17 +7,18 @@ five TMA descriptors the most); a graph of a backward's three launches replays i
 recording one costs about 150 (perf/results/2026-11-28-h200-call-graphs/).
 
 Contract
-    graphs = CallGraphs(device)
-    graphs.run(key, launch, scratch=()) -> None
-    key: hashable, and everything the launches' arguments depend on besides what the owner
-        fixes once (its plan: shapes, strides, scalars, kernels): the address of every tensor
-        they read or write, except the scratch buffers.  ``run`` adds the current stream.
-    launch(*buffers): issues the launches, all through ``Launch`` objects of
-        ``triton_launch`` (``graph_ready``), reading and writing only the tensors named by key
-        and the scratch buffers.
+    graphs = CallGraphs(device, launches, scratch=())   # one per plan
+    graphs.run(key, launch) -> None                     # one per call
+    launches: every ``triton_launch.Launch`` the owner's calls issue (recording waits until
+        all are ``graph_ready``).
     scratch: (shape, dtype) of each buffer the launches write before they read it (a
         zeroed accumulator, per-row statistics).  A direct call gets fresh ones; a graph keeps
         its own, allocated when it is recorded.
+    key: hashable, and everything the launches' arguments depend on besides what the owner
+        fixes once (its plan: shapes, strides, scalars, kernels): the address of every tensor
+        they read or write, except the scratch buffers.  ``run`` adds the current stream.
+    launch(*buffers): issues the launches, handed the scratch buffers, reading and writing
+        only the tensors named by key and those buffers.
     The first SIGHTINGS calls with a key launch directly; the next records the launches on a
     side stream and replays them; later ones replay.  Replaying launches exactly the kernels, with
     exactly the arguments, that a direct call would, so results are the same bits.
@@ -38,6 +39,7 @@ Contract
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 import warnings
@@ -91,13 +93,7 @@ class _Entry:
 
 
 def _nbytes(scratch) -> int:
-    total = 0
-    for shape, dtype in scratch:
-        n = 1
-        for s in shape:
-            n *= s
-        total += n * torch.empty((), dtype=dtype).element_size()
-    return total
+    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in scratch)
 
 
 class CallGraphs:
