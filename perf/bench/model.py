@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
+from impl.attention import call_graphs
 from impl.models import gpt
 from perf.lib import measure
 from perf.lib.measure import OK, Deadline, Outcome
@@ -225,8 +226,14 @@ def measure_case(model: gpt.GPT, case: ModelCase, *, warmup: int, steps: int) ->
             if i == 0 and case.compiled and not case.graphed:  # tracing and compilation: apart, never timed
                 synchronize(device)
                 row["compile_s"] = time.perf_counter() - started
+        before = call_graphs.stats()
         with measure.PeakMemory(device) as peak:
             times = measure.time_calls(step, device, warmup=0, steps=steps)
+        after = call_graphs.stats()
+        # What our attention's call graphs did in the timed steps (impl/attention/call_graphs.py):
+        # a step whose tensors come back at the same addresses replays, one whose do not records or
+        # is issued directly.
+        row["call_graphs"] = {k: after[k] - before[k] for k in ("direct", "recorded", "replayed", "declined")}
         mean, std = measure.mean_std(times)
         row.update(median_ms=statistics.median(times) * 1e3, mean_ms=mean * 1e3, std_ms=std * 1e3, first_ms=times[0] * 1e3, min_ms=min(times) * 1e3,
                    tokens_per_s=case.batch * case.context / mean, peak_mib=peak.mib,
