@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from contextlib import nullcontext
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
@@ -32,28 +34,6 @@ from impl.attention import call_graphs
 from impl.attention import flash_gluon as fg
 from perf.lib.measure import host_and_wall_us_per_call
 from perf.lib.workloads import cuda_attention_inputs
-
-
-class _Set:
-    """obj.name = value while active."""
-
-    def __init__(self, obj, name, value):
-        self.obj, self.name, self.value = obj, name, value
-
-    def __enter__(self):
-        self.saved = getattr(self.obj, self.name)
-        setattr(self.obj, self.name, self.value)
-
-    def __exit__(self, *exc):
-        setattr(self.obj, self.name, self.saved)
-
-
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
 
 
 def _timed(ctx, fn):
@@ -69,8 +49,8 @@ def variants(n, d=64, causal=True):
         o_sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     o_ours = fg.FlashAttentionGluon.apply(q, k, v, causal)
     grads = tuple(torch.empty_like(t) for t in (q, k, v))
-    direct = _Set(call_graphs, "ENABLED", False)
-    no_work = _Set(fg.FlashAttentionGluon, "backward", staticmethod(lambda ctx, grad_o: (*grads, None, None)))
+    direct = patch.object(call_graphs, "ENABLED", False)
+    no_work = patch.object(fg.FlashAttentionGluon, "backward", staticmethod(lambda ctx, grad_o: (*grads, None, None)))
 
     def fwd_sdpa_flash():
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -87,16 +67,16 @@ def variants(n, d=64, causal=True):
         return run
 
     return {
-        "sdpa_flash": _timed(_Null(), lambda: o_sdpa.backward(do, retain_graph=True)),
-        "ours": _timed(_Null(), lambda: o_ours.backward(do, retain_graph=True)),
+        "sdpa_flash": _timed(nullcontext(), lambda: o_sdpa.backward(do, retain_graph=True)),
+        "ours": _timed(nullcontext(), lambda: o_ours.backward(do, retain_graph=True)),
         "ours_direct": _timed(direct, lambda: o_ours.backward(do, retain_graph=True)),
         "ours_no_work": _timed(no_work, lambda: o_ours.backward(do, retain_graph=True)),
-        "fwd_sdpa": _timed(_Null(), fwd_sdpa),
-        "fwd_sdpa_flash": _timed(_Null(), fwd_sdpa_flash),
-        "fwd_ours": _timed(_Null(), fwd_ours),
+        "fwd_sdpa": _timed(nullcontext(), fwd_sdpa),
+        "fwd_sdpa_flash": _timed(nullcontext(), fwd_sdpa_flash),
+        "fwd_ours": _timed(nullcontext(), fwd_ours),
         "fwd_ours_direct": _timed(direct, fwd_ours),
-        "pair_sdpa": _timed(_Null(), pair(fwd_sdpa)),
-        "pair_ours": _timed(_Null(), pair(fwd_ours)),
+        "pair_sdpa": _timed(nullcontext(), pair(fwd_sdpa)),
+        "pair_ours": _timed(nullcontext(), pair(fwd_ours)),
         "pair_ours_direct": _timed(direct, pair(fwd_ours)),
     }
 
