@@ -71,6 +71,13 @@ def test_a_key_is_launched_directly_then_recorded_on_its_third_call_then_replaye
     assert len(policy) == 1 and call_graphs.graph_count() == 1
 
 
+def test_with_no_sightings_asked_for_the_first_call_records(policy, monkeypatch):
+    monkeypatch.setattr(call_graphs, "SIGHTINGS", 0)
+    graphs = _owner()
+    graphs.run("k", lambda buf: None)
+    assert len(policy) == 1 and policy[0].replays == 1
+
+
 def test_a_direct_call_gets_fresh_scratch_and_a_graph_keeps_its_own(policy):
     graphs, seen = _owner(), []
     for _ in range(4):

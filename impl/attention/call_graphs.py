@@ -127,7 +127,7 @@ class CallGraphs:
             else:
                 record = _SEEN.get(full, 0) >= SIGHTINGS and self._may_record()
                 if record:
-                    del _SEEN[full]
+                    _SEEN.pop(full, None)  # absent when SIGHTINGS is 0
                 else:
                     _SEEN[full] = _SEEN.get(full, 0) + 1
                     _SEEN.move_to_end(full)
