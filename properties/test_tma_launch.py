@@ -122,3 +122,35 @@ def test_the_cache_is_bounded(recorded, monkeypatch):
                         torch.zeros(1, 1, 140, 64, dtype=torch.bfloat16), x))
     assert len(triton_launch._ENCODED) <= 3
 
+
+
+def test_issue_with_a_stream_is_the_direct_launch_and_without_one_the_checked_call(recorded, monkeypatch):
+    launches, encodes, raw = recorded
+    launch, _ = _bound(raw)
+    a, x, b, y = _tensors()
+    launch._direct((a, x, b, y))
+    launch.issue(7, a, x, b, y)  # the stream fast_stream gave: the same arguments to the C launcher
+    assert launches[0] == launches[1]
+    checked = []
+    monkeypatch.setattr(Launch, "__call__", lambda self, *tensors: checked.append(tensors))
+    launch.issue(None, a, x, b, y)  # no fast stream (hooks set, another device): __call__'s checks decide
+    assert len(launches) == 2 and checked == [(a, x, b, y)]
+
+
+@pytest.mark.parametrize("why", ["hooks", "other device", "not direct", "not a CUDA launch"])
+def test_no_fast_stream_where_a_launch_must_take_the_checked_path(monkeypatch, why):
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(triton_launch, "_hooks_active", lambda: False)
+    assert triton_launch.fast_stream(0) == 7
+    if why == "hooks":
+        monkeypatch.setattr(triton_launch, "_hooks_active", lambda: True)
+    elif why == "other device":
+        monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 1, raising=False)
+    elif why == "not direct":
+        monkeypatch.setattr(triton_launch, "DIRECT", False)
+    else:  # a Launch for the CPU (the interpreter, the host-plan tests' recorders) has no device index
+        monkeypatch.delattr(torch._C, "_cuda_getDevice", raising=False)
+        assert triton_launch.fast_stream(None) is None
+        return
+    assert triton_launch.fast_stream(0) is None

@@ -53,7 +53,8 @@ def _forward(q, k, v, is_causal, scale, flavour):
 
 
 def _backward(q, k, v, o, lse, grad_o, is_causal, scale, flavour):
-    dq, dk, dv = _kernels(flavour).flash_backward(q, k, v, o, lse, grad_o.to(q.dtype), is_causal, scale)
+    grad_o = grad_o if grad_o.dtype == q.dtype else grad_o.to(q.dtype)
+    dq, dk, dv = _kernels(flavour).flash_backward(q, k, v, o, lse, grad_o, is_causal, scale)
     return dq, dk, dv
 
 

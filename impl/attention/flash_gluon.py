@@ -78,7 +78,7 @@ import triton
 
 from impl.attention.call_graphs import CallGraphs
 from impl.attention.host_plans import PlanCache, as_4d, dense_strides_like, signature
-from impl.attention.triton_launch import Launch
+from impl.attention.triton_launch import Launch, fast_stream
 from impl.attention.validation import validate_attention_inputs
 
 try:  # Gluon ships with Triton >= 3.4; the Hopper modules need nothing of the machine to import
@@ -1059,6 +1059,7 @@ class _ForwardPlan:
         mutant = 0 if self.inputs_only_key else mutant
         self.is_causal = bool(is_causal)
         self.copy = tuple(not _tma_ok(as_4d(t)) for t in (q, k, v))
+        self.plain = all(t.dim() == 4 for t in (q, k, v)) and not any(self.copy)  # as the kernel reads them: no view, no copy
         q4 = as_4d(q)
         B, H, n_q, d = q4.shape
         n_k = k.shape[-2]
@@ -1098,7 +1099,10 @@ class _ForwardPlan:
                                  tuple((shape, torch.float32) for shape in self.parts))
 
     def __call__(self, q, k, v):
-        q4, k4, v4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v), self.copy))
+        if self.plain:
+            q4, k4, v4 = q, k, v
+        else:
+            q4, k4, v4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v), self.copy))
         o = torch.empty_strided(q.shape, self.o_strides, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
         key = (q4.data_ptr(), k4.data_ptr(), v4.data_ptr(), o.data_ptr(), lse.data_ptr())
@@ -1108,8 +1112,9 @@ class _ForwardPlan:
             self.graphs.run(key, lambda: self.launch(q4, k4, v4, o, lse))
         else:  # the splits' sums: the graph's scratch
             def launch(o_part, ml_part):
-                self.launch(q4, k4, v4, o_part, ml_part)
-                self.combine(o_part, ml_part, o, lse)
+                stream = fast_stream(self.launch.device_index)
+                self.launch.issue(stream, q4, k4, v4, o_part, ml_part)
+                self.combine.issue(stream, o_part, ml_part, o, lse)
 
             self.graphs.run(key, launch)
         return o, lse
@@ -1136,6 +1141,8 @@ class _BackwardPlan:
         if lse.shape != q.shape[:-1] or lse.dtype != torch.float32 or not lse.is_contiguous():
             raise ValueError(f"attention backward (Gluon): L must be contiguous float32 of shape {tuple(q.shape[:-1])}")
         self.copy = tuple(not _tma_ok(as_4d(t)) for t in (q, k, v, grad_o))
+        # every tensor as the kernels read it, no view and no copy (O and dO have q's shape, L is contiguous)
+        self.plain = all(t.dim() == 4 for t in (q, k, v)) and not any(self.copy)
         q4, o4 = as_4d(q), as_4d(o)
         B, H, n_q, d = q4.shape
         n_k = k.shape[-2]
@@ -1197,23 +1204,28 @@ class _BackwardPlan:
         self.graphs = CallGraphs(q.device, (self.dq, self.dkdv), ((tuple(lse.shape), torch.float32),))  # D
 
     def __call__(self, q, k, v, o, lse, grad_o):
-        q4, k4, v4, do4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v, grad_o), self.copy))
         dq, dk, dv = (torch.empty_strided(t.shape, s, dtype=t.dtype, device=t.device)
                       for t, s in zip((q, k, v), self.strides))
-        o4, dq4, dk4, dv4 = as_4d(o), as_4d(dq), as_4d(dk), as_4d(dv)
+        if self.plain:
+            q4, k4, v4, do4, o4, dq4, dk4, dv4 = q, k, v, grad_o, o, dq, dk, dv
+        else:
+            q4, k4, v4, do4 = (as_4d(_aligned_copy(t) if c else t) for t, c in zip((q, k, v, grad_o), self.copy))
+            o4, dq4, dk4, dv4 = as_4d(o), as_4d(dq), as_4d(dk), as_4d(dv)
         key = (q4.data_ptr(), k4.data_ptr(), v4.data_ptr(), o.data_ptr(), lse.data_ptr(), do4.data_ptr(),
                dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
         if self.inputs_only_key:
             key = key[:6]
         if self.fused:
             def launch(delta, dq_acc):
-                self.pre(o4, do4, delta, dq_acc)
-                self.dkdv(k4, v4, q4, do4, dq_acc, dk4, dv4, lse, delta)
-                self.convert(dq_acc, dq4)
+                stream = fast_stream(self.dkdv.device_index)
+                self.pre.issue(stream, o4, do4, delta, dq_acc)
+                self.dkdv.issue(stream, k4, v4, q4, do4, dq_acc, dk4, dv4, lse, delta)
+                self.convert.issue(stream, dq_acc, dq4)
         else:
             def launch(delta):
-                self.dq(q4, do4, k4, v4, o4, do4, dq4, lse, delta)
-                self.dkdv(k4, v4, q4, do4, q4, dk4, dv4, lse, delta)  # q4 stands in for the unread dQ
+                stream = fast_stream(self.dkdv.device_index)
+                self.dq.issue(stream, q4, do4, k4, v4, o4, do4, dq4, lse, delta)
+                self.dkdv.issue(stream, k4, v4, q4, do4, q4, dk4, dv4, lse, delta)  # q4 stands in for the unread dQ
         self.graphs.run(key, launch)
         return dq, dk, dv
 

@@ -113,6 +113,16 @@ def _hooks_active() -> bool:
     return any(getattr(h, "calls", h is not None) for h in hooks)
 
 
+def fast_stream(device_index: int):
+    """The current stream of the device, as ``Launch.issue`` takes it, where launches may go
+    straight to the C launcher (a CUDA device, DIRECT, no launch hooks, that device current);
+    else None.
+    What each ``Launch`` call checks, checked once for a pass's several launches."""
+    if device_index is None or not DIRECT or _hooks_active() or torch._C._cuda_getDevice() != device_index:
+        return None
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
 class ConfigDoesNotFit(ValueError):
     """A tile configuration needs more of the GPU (shared memory) than it has, even with
     one pipeline stage: refused with what it needed and what there is, before any output
@@ -162,23 +172,37 @@ class Launch:
         else:
             self._direct(tensors)
 
+    def issue(self, stream, *tensors) -> None:
+        """A call from an owner that issues several launches and asked ``fast_stream`` once for
+        all of them: with its stream, straight to the C launcher where one is bound; with None
+        (or none bound), the checks of ``__call__``."""
+        if stream is None or self.c_launch is None:
+            self(*tensors)
+        else:
+            self._c_launch(stream, tensors)
+
+    def _c_launch(self, stream, tensors) -> None:
+        # Triton's C launcher itself, the descriptor scratch from our cache
+        scratch = _tma_scratch(self.scratch_bytes, 128, stream) if self.scratch_bytes else None
+        if self.encodings is not None:
+            fill, expanded = self.fill, []
+            for t, meta in zip(tensors, self.encodings):
+                if meta is None:
+                    expanded.append(t)
+                else:
+                    expanded.extend(encoded_descriptor(fill, t, meta))
+            tensors = (*expanded, *tensors[len(self.encodings):])
+        g0, g1, g2 = self.grid
+        self.c_launch(g0, g1, g2, stream, *self.c_head, scratch, None, *self.c_head_meta,
+                      *tensors, *self.rest, *self.constexprs.values())
+
     def _direct(self, tensors) -> None:
         # What JITFunction.run ends with, minus the binding, the lookup and the hooks' metadata.
         stream = torch._C._cuda_getCurrentRawStream(self.device_index)
-        g0, g1, g2 = self.grid
-        if self.c_launch is not None:  # Triton's C launcher itself, the descriptor scratch from our cache
-            scratch = _tma_scratch(self.scratch_bytes, 128, stream) if self.scratch_bytes else None
-            if self.encodings is not None:
-                fill, expanded = self.fill, []
-                for t, meta in zip(tensors, self.encodings):
-                    if meta is None:
-                        expanded.append(t)
-                    else:
-                        expanded.extend(encoded_descriptor(fill, t, meta))
-                tensors = (*expanded, *tensors[len(self.encodings):])
-            self.c_launch(g0, g1, g2, stream, *self.c_head, scratch, None, *self.c_head_meta,
-                          *tensors, *self.rest, *self.constexprs.values())
+        if self.c_launch is not None:
+            self._c_launch(stream, tensors)
             return
+        g0, g1, g2 = self.grid
         tensors = self._described(tensors)
         compiled = self.compiled
         token = _set_allocator() if self.tma else None

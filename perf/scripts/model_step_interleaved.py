@@ -1,0 +1,111 @@
+"""The GPT step with two or more attention backends in one process, their steps interleaved:
+what ``perf.bench.model`` (one backend after another) cannot resolve where the host decides
+the step.  On a shared host the step's median drifts by 10-30 % between minutes; interleaved
+rounds see the same drift for every backend, so their ratio holds.
+
+    PYTHONPATH=. python perf/scripts/model_step_interleaved.py [--attention sdpa gluon] [--context 256 1024]
+        [--compile on] [--rounds 12] [--steps 5] [--warmup 5] [--out DIR]
+
+One model per backend, the same weights (a copy), each with its own AdamW and batch, each
+compiled on its own (no ``torch._dynamo.reset`` between them, unlike ``perf.bench.model``).
+A round runs ``--steps`` timed steps of each backend, the order rotated round to round; each
+step sits between ``torch.cuda.synchronize`` calls.  Reported: each backend's median step and
+the median over rounds of its round median over the first backend's, with the call graphs'
+counts (``impl/attention/call_graphs.py``) over its timed steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from impl.attention import call_graphs
+from impl.models import gpt
+from perf.bench import model as bench
+
+
+def timed_step(step) -> float:
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def run_context(opts, context: int) -> list[dict]:
+    device = torch.device("cuda")
+    base = gpt.make_gpt(opts.size, device=device, context_length=max(context, gpt.SIZES[opts.size].context_length))
+    steps, counts, times = {}, {}, {}
+    for name in opts.attention:
+        model = copy.deepcopy(base)
+        bench.set_attention(model, name)
+        optimizer = bench.make_optimizer(model)
+        forward_model = torch.compile(model, dynamic=False) if opts.compile == "on" else model
+        # make_step's compiled=True resets Dynamo; here each backend keeps its own compiled graph
+        steps[name] = bench.make_step(forward_model, "step", opts.precision, opts.batch, context, optimizer)
+        for _ in range(opts.warmup):
+            timed_step(steps[name])
+        counts[name] = dict.fromkeys(("direct", "recorded", "replayed", "declined"), 0)
+        times[name] = []
+    rounds = []
+    for r in range(opts.rounds):
+        order = opts.attention[r % len(opts.attention):] + opts.attention[:r % len(opts.attention)]
+        medians = {}
+        for name in order:
+            before = call_graphs.stats()
+            these = [timed_step(steps[name]) for _ in range(opts.steps)]
+            after = call_graphs.stats()
+            for k in counts[name]:
+                counts[name][k] += after[k] - before[k]
+            times[name] += these
+            medians[name] = statistics.median(these)
+        rounds.append(medians)
+    first = opts.attention[0]
+    rows = []
+    for name in opts.attention:
+        rows.append(dict(context=context, attention=name, compiled=opts.compile == "on", size=opts.size,
+                         batch=opts.batch, precision=opts.precision,
+                         median_ms=statistics.median(times[name]) * 1e3,
+                         ratio_to_first=statistics.median(m[name] / m[first] for m in rounds),
+                         rounds_ms=[m[name] * 1e3 for m in rounds], call_graphs=counts[name]))
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", default="small")
+    p.add_argument("--attention", nargs="+", default=["sdpa", "gluon"], choices=bench.ATTENTIONS)
+    p.add_argument("--context", type=int, nargs="+", default=[256, 1024])
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--precision", default="bf16", choices=bench.PRECISIONS)
+    p.add_argument("--compile", default="on", choices=["on", "off"])
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--out", default="perf-out/model_interleaved")
+    opts = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("model_step_interleaved: needs a CUDA device (it times host-bound GPU steps)")
+    rows = []
+    for context in opts.context:
+        rows += run_context(opts, context)
+        for r in rows[-len(opts.attention):]:
+            print(f"ctx {r['context']:5d} {r['attention']:6s} compiled {r['compiled']}: median {r['median_ms']:.2f} ms, "
+                  f"/ {opts.attention[0]} {r['ratio_to_first']:.3f}  call graphs {r['call_graphs']}", flush=True)
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "model_interleaved.json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
+                                                                torch=torch.__version__, rows=rows), indent=1))
+    lines = [f"| context | attention | median ms | / {opts.attention[0]} (median of rounds) |", "|---:|---|---:|---:|"]
+    lines += [f"| {r['context']} | {r['attention']} | {r['median_ms']:.2f} | {r['ratio_to_first']:.3f} |" for r in rows]
+    (out / "model_interleaved.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
