@@ -40,16 +40,25 @@ def _plan_of(d, causal):
                      "_flash_bwd_dkdv_kernel": fg.BACKWARD_DKDV_CONFIGS[d]}, False
 
 
-class _Recorder:
-    """Stands in for a Gluon kernel: ``kernel[grid](*args, **kwargs)`` binds the arguments to
-    the kernel's signature (TypeError on a mismatch) and records them."""
+# The Triton flavour's kernels a Gluon plan launches around its own: the split forward's
+# combine, the five-product backward's D and dQ conversion.  Recorded too (into a list of
+# their own), never launched: on a machine with a GPU Triton would run them on the CUDA driver,
+# which cannot read these CPU tensors.
+TRITON_HELPERS = ("_flash_fwd_combine_kernel", "_flash_bwd_preprocess_kernel", "_flash_bwd_dq_convert_kernel")
 
-    def __init__(self, kernel, calls):
+
+class _Recorder:
+    """Stands in for a kernel: ``kernel[grid](*args, **kwargs)`` binds the arguments to the
+    kernel's signature (TypeError on a mismatch) and records them; launch options (``options``)
+    are recorded apart."""
+
+    def __init__(self, kernel, calls, options=("maxnreg",)):
         self.kernel, self.fn, self.arg_names, self.calls = kernel, kernel.fn, kernel.arg_names, calls
+        self.option_names = options
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            options = {k: kwargs.pop(k) for k in ("maxnreg",) if k in kwargs}
+            options = {k: kwargs.pop(k) for k in self.option_names if k in kwargs}
             signature = inspect.signature(self.fn)
             bound = signature.bind(*args, **kwargs)
             missing = [n for n, p in signature.parameters.items() if n not in bound.arguments and p.default is p.empty]
@@ -62,9 +71,14 @@ class _Recorder:
 
 @pytest.fixture
 def launches(monkeypatch):
-    calls = []
+    calls, helper_calls = [], []
     for name in KERNELS:
         monkeypatch.setattr(fg, name, _Recorder(getattr(fg, name), calls))
+    from impl.attention import flash_triton
+
+    for name in TRITON_HELPERS:
+        monkeypatch.setattr(flash_triton, name, _Recorder(getattr(flash_triton, name), helper_calls,
+                                                          ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
     monkeypatch.setattr(fg, "_validate", lambda q, k, v, causal, scale: scale or q.shape[-1] ** -0.5)
     monkeypatch.setattr(fg, "_PLANS", fg.PlanCache(16))
     monkeypatch.setattr(fg, "_plan", fg._PLANS.get)

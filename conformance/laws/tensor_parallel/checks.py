@@ -183,11 +183,12 @@ def check_gpt(case, results):
             if missing:
                 raise AssertionError(f"rank {r}: gathered parameters lack {missing}")
             loss64, g64 = ref.gpt_step(case, before, ids, tgt, F64)
-            loss32, g32 = ref.gpt_step(case, before, ids, tgt, F32)
+            loss32, g32 = ref.gpt_step_eager(case, before, ids, tgt, loss64, g64, step=s)
             _close(f"rank {r}: step {s} loss", res["losses"][s], loss64, loss32)
             _grads(f"rank {r}: step {s}", res["grads"][s], g64, g32, ref.gpt_magnitudes(case, before, ids, tgt))
         if r == 0:
-            final64, final32 = ref.gpt_training(case, F64), ref.gpt_training(case, F32)
+            final64 = ref.gpt_training(case, F64)
+            final32 = ref.gpt_training_eager(case, final64)
         for name in final64:
             _close(f"rank {r}: parameter {name} after {case.steps} {case.optimizer} step(s)", res["params"][name], final64[name], final32[name])
 

@@ -94,6 +94,56 @@ def gpt_step(case, params: dict, ids, tgt, dtype):
     return _cpu(loss), {n: _cpu(p.grad) for n, p in m.named_parameters()}
 
 
+# The eager float32 run is one sample of how far float32 rounding takes these results from
+# float64, and on a model this small a lucky one: where a 2-wide RMSNorm's backward cancels,
+# the eager gradient of a norm weight came out within 0.1 ulp while a correct sequence-parallel
+# model, adding in another order, was 6 ulps off (4 x the eager error + 4 ulps bounded it).
+# So SPREAD_SAMPLES more eager runs start from the parameters each moved by one float32 ulp,
+# up or down (seeded): what rounding of that size does to each result is the conditioning the
+# bound must scale with, and per result the run farthest from float64 is the eager one judged by.
+SPREAD_SAMPLES = 3
+
+
+def nudged(params: dict, seed: int) -> dict:
+    """float32 ``params``, each element one ulp up or down (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, v in params.items():
+        v = v.detach().to("cpu", torch.float32)
+        up = torch.rand(v.shape, generator=g) < 0.5
+        out[name] = torch.nextafter(v, torch.where(up, torch.full_like(v, float("inf")), torch.full_like(v, float("-inf"))))
+    return out
+
+
+def farthest(ref64, candidates):
+    """Of results computed the same way from nudged starts (each a tensor, or a dict of
+    tensors), per tensor the one farthest from ``ref64`` (max |difference|)."""
+    def err(t, r):
+        return float((t.double() - r.double()).abs().max()) if t.numel() else 0.0
+
+    if isinstance(ref64, dict):
+        return {n: max((c[n] for c in candidates), key=lambda t: err(t, ref64[n])) for n in ref64}
+    return max(candidates, key=lambda t: err(t, ref64))
+
+
+def gpt_step_eager(case, params: dict, ids, tgt, loss64, grads64, step: int = 0):
+    """The eager float32 loss and gradients the oracle scales by: of the run at ``params`` and
+    SPREAD_SAMPLES runs at nudged ones, per result the farthest from float64."""
+    runs = [gpt_step(case, params, ids, tgt, torch.float32)]
+    runs += [gpt_step(case, nudged(params, case.seed * 1009 + step * 31 + k), ids, tgt, torch.float32)
+             for k in range(SPREAD_SAMPLES)]
+    return farthest(loss64, [r[0] for r in runs]), farthest(grads64, [r[1] for r in runs])
+
+
+def gpt_training_eager(case, final64):
+    """The float32 training the oracle scales by: from the initial weights and from
+    SPREAD_SAMPLES nudged copies of them, per parameter the farthest from float64."""
+    start = dict(build.gpt(case).named_parameters())
+    runs = [gpt_training(case, torch.float32)]
+    runs += [gpt_training(case, torch.float32, nudged(start, case.seed * 1013 + k)) for k in range(SPREAD_SAMPLES)]
+    return farthest(final64, runs)
+
+
 def gpt_magnitudes(case, params: dict, ids, tgt):
     """Per-token |gradient| summed over the tokens that count, in float64."""
     m = build.gpt(case)
@@ -109,10 +159,14 @@ def gpt_magnitudes(case, params: dict, ids, tgt):
     return total
 
 
-def gpt_training(case, dtype):
-    """The dense GPT trained for the case's steps from its initial weights: final parameters."""
+def gpt_training(case, dtype, start: dict | None = None):
+    """The dense GPT trained for the case's steps from its initial weights (or ``start``):
+    final parameters."""
     dev = _device(dtype)
-    m = build.gpt(case).to(device=dev, dtype=dtype)
+    m = build.gpt(case)
+    if start is not None:
+        m.load_state_dict(start, strict=False)
+    m = m.to(device=dev, dtype=dtype)
     opt = build.optimizer(case.optimizer, m.parameters())
     for ids, tgt in build.gpt_batches(case):
         opt.zero_grad()
