@@ -3,7 +3,7 @@
 #
 #   bash perf/gate/gpu_gate.sh [--save-baseline] [--profile gate|thorough] [--threshold PCT]
 #
-# 1. properties on CUDA: the Triton kernels' laws with the gate profile (bf16 drawn;
+# 1. properties on CUDA: the Triton and Gluon kernels' laws with the gate profile (bf16 drawn;
 #    a test asserts it), each law split over GATE_SHARDS shards, after a parallel warm-up
 #    of Triton's cache; every other capability's laws with the ci profile (bounded)
 # 2. conformance on CUDA, with the report written to $GATE_OUT (default gate-out/)

@@ -95,9 +95,10 @@ def gpt_step(case, params: dict, ids, tgt, dtype):
 
 
 # The eager float32 run is one sample of how far float32 rounding takes these results from
-# float64, and on a model this small a lucky one: where a 2-wide RMSNorm's backward cancels,
-# the eager gradient of a norm weight came out within 0.1 ulp while a correct sequence-parallel
-# model, adding in another order, was 6 ulps off (4 x the eager error + 4 ulps bounded it).
+# float64, and on a model this small it can be a lucky one: where a narrow RMSNorm's backward
+# cancels, the eager gradient of a norm weight came out within 0.2 ulp (an H200, d_model 4)
+# or 1 ulp (the CPU, d_model 2) while a correct sequence-parallel model, adding in another
+# order, was 9 or 12 ulps off, past 4 x the eager error + 4 ulps of the terms.
 # So SPREAD_SAMPLES more eager runs start from the parameters each moved by one float32 ulp,
 # up or down (seeded): what rounding of that size does to each result is the conditioning the
 # bound must scale with, and per result the run farthest from float64 is the eager one judged by.
