@@ -55,7 +55,7 @@ from hypothesis import settings  # noqa: E402
 from conformance import profiles  # noqa: E402,F401  (registers the profiles)
 from conformance.target import load_target  # noqa: E402
 from conformance.capabilities import capability_of_nodeid, is_self_check  # noqa: E402
-from conformance.verdicts import NotOffered, classify  # noqa: E402
+from conformance.verdicts import NotOffered, Verdict, classify  # noqa: E402
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
@@ -150,9 +150,16 @@ def pytest_pyfunc_call(pyfuncitem):
         return (yield)
     except Exception as exc:
         verdict = classify(exc)
-        if verdict is None or (is_self_check(pyfuncitem.nodeid) and isinstance(verdict, NotOffered)):
-            raise  # a self-check's targets are the suite's own: "not offered" there is a defect
+        if verdict is None or (is_self_check(pyfuncitem.nodeid) and _own_defect(exc, verdict)):
+            raise
         pytest.skip(verdict.reason)
+
+
+def _own_defect(exc, verdict) -> bool:
+    """In a self-check the code run is the suite's own: "not offered" there is a defect, and so
+    is a refusal read from an ordinary error's words (our code on the CPU that touches CUDA
+    is a bug, not a target refusing CPU tensors); only a verdict raised as such is a skip."""
+    return isinstance(verdict, NotOffered) or not isinstance(exc, Verdict)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -166,7 +173,7 @@ def pytest_runtest_setup(item):
         pytest.skip(exc.reason)
     except Exception as exc:
         verdict = classify(exc) if "target" in getattr(item, "fixturenames", ()) else None
-        if verdict is None or (is_self_check(item.nodeid) and isinstance(verdict, NotOffered)):
+        if verdict is None or (is_self_check(item.nodeid) and _own_defect(exc, verdict)):
             raise
         pytest.skip(verdict.reason)
 

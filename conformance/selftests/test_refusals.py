@@ -292,3 +292,20 @@ def test_a_target_in_newer_python_syntax_names_the_python_version(tmp_path):
     path.write_text("type Shape = tuple[int, ...]\n")
     message = probe_target(str(path))
     assert "SyntaxError" in message and "Python >= 3.12" in message, message
+
+
+def test_in_a_self_check_only_a_verdict_raised_as_such_is_a_skip():
+    """A self-check runs the suite's or impl's own code: an ordinary error there that a refusal
+    rule would read as "needs a GPU" is a bug of ours and fails (triton_launch.fast_stream once
+    read a CUDA-only torch._C function on the CPU, and 17 host-plan tests read "needs a GPU"
+    instead of failing); a verdict raised as one (NeedsHardware) still skips; "not offered" in a
+    self-check is a defect."""
+    import conftest  # the repository's root conftest, which pytest has already imported
+    from conformance.verdicts import NeedsHardware, NotOffered
+
+    error = AttributeError("module 'torch._C' has no attribute '_cuda_getDevice'")
+    assert conftest._own_defect(error, NeedsHardware("needs a GPU: the target refuses CPU tensors (AttributeError)"))
+    raised = NeedsHardware("needs 2 GPUs: this machine has 0")
+    assert not conftest._own_defect(raised, raised)
+    offered = NotOffered("not offered: backward")
+    assert conftest._own_defect(offered, offered)
