@@ -32,6 +32,11 @@ and cuBLAS handle creation, Triton compilation, autotuning and the caching alloc
 first allocations (the optimizer's state too), so ``first_ms`` and the deviation blow up.
 Run it in a fresh process, or the earlier rows' warm-up has already paid those costs.
 
+Backends run one after another, each in its own minutes: where the host decides the step (the
+small sizes, ungraphed) its median can drift 10-30 % between them on a shared machine, more
+than a few per cent between backends.  ``perf/scripts/model_step_interleaved.py`` times such
+a comparison with the backends' steps interleaved in one process.
+
 Memory: torch.cuda.max_memory_allocated over the timed steps (``peak_mib``; empty on the
 CPU).  ``--memory-snapshot`` writes ``torch.cuda.memory._dump_snapshot`` of one training
 step (open it at https://pytorch.org/memory_viz); ``--profile-trace`` writes a
