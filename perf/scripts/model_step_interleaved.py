@@ -4,12 +4,13 @@ the step.  On a shared host the step's median drifts by 10-30 % between minutes;
 rounds see the same drift for every backend, so their ratio holds.
 
     PYTHONPATH=. python perf/scripts/model_step_interleaved.py [--attention sdpa gluon] [--context 256 1024]
-        [--compile on] [--rounds 12] [--steps 5] [--warmup 5] [--out DIR]
+        [--compile on] [--rounds 12] [--steps 5] [--warmup 5] [--out DIR] [--device auto|cuda|cpu]
 
 One model per backend, the same weights (a copy), each with its own AdamW and batch, each
 compiled on its own (no ``torch._dynamo.reset`` between them, unlike ``perf.bench.model``).
 A round runs ``--steps`` timed steps of each backend, the order rotated round to round; each
-step sits between ``torch.cuda.synchronize`` calls.  Reported: each backend's median step and
+step sits between device synchronisations.  The numbers mean something on a GPU; ``--device
+cpu`` (a tiny model, say) only shows the script works.  Reported: each backend's median step and
 the median over rounds of its round median over the first backend's, with the call graphs'
 counts (``impl/attention/call_graphs.py``) over its timed steps.
 """
@@ -28,18 +29,18 @@ import torch
 from impl.attention import call_graphs
 from impl.models import gpt
 from perf.bench import model as bench
+from perf.lib.workloads import synchronize
 
 
-def timed_step(step) -> float:
-    torch.cuda.synchronize()
+def timed_step(step, device) -> float:
+    synchronize(device)
     started = time.perf_counter()
     step()
-    torch.cuda.synchronize()
+    synchronize(device)
     return time.perf_counter() - started
 
 
-def run_context(opts, context: int) -> list[dict]:
-    device = torch.device("cuda")
+def run_context(opts, context: int, device: torch.device) -> list[dict]:
     base = gpt.make_gpt(opts.size, device=device, context_length=max(context, gpt.SIZES[opts.size].context_length))
     steps, counts, times = {}, {}, {}
     for name in opts.attention:
@@ -50,7 +51,7 @@ def run_context(opts, context: int) -> list[dict]:
         # make_step's compiled=True resets Dynamo; here each backend keeps its own compiled graph
         steps[name] = bench.make_step(forward_model, "step", opts.precision, opts.batch, context, optimizer)
         for _ in range(opts.warmup):
-            timed_step(steps[name])
+            timed_step(steps[name], device)
         counts[name] = dict.fromkeys(("direct", "recorded", "replayed", "declined"), 0)
         times[name] = []
     rounds = []
@@ -59,7 +60,7 @@ def run_context(opts, context: int) -> list[dict]:
         medians = {}
         for name in order:
             before = call_graphs.stats()
-            these = [timed_step(steps[name]) for _ in range(opts.steps)]
+            these = [timed_step(steps[name], device) for _ in range(opts.steps)]
             after = call_graphs.stats()
             for k in counts[name]:
                 counts[name][k] += after[k] - before[k]
@@ -89,22 +90,25 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--out", default="perf-out/model_interleaved")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     opts = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("model_step_interleaved: needs a CUDA device (it times host-bound GPU steps)")
+    from perf.bench.attention import resolve_device
+
+    device = resolve_device(opts.device)
     rows = []
     for context in opts.context:
-        rows += run_context(opts, context)
+        rows += run_context(opts, context, device)
         for r in rows[-len(opts.attention):]:
             print(f"ctx {r['context']:5d} {r['attention']:6s} compiled {r['compiled']}: median {r['median_ms']:.2f} ms, "
                   f"/ {opts.attention[0]} {r['ratio_to_first']:.3f}  call graphs {r['call_graphs']}", flush=True)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "model_interleaved.json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
-                                                                torch=torch.__version__, rows=rows), indent=1))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    (out / "model_interleaved.json").write_text(json.dumps(dict(device=name, torch=torch.__version__, rows=rows), indent=1))
     lines = [f"| context | attention | median ms | / {opts.attention[0]} (median of rounds) |", "|---:|---|---:|---:|"]
     lines += [f"| {r['context']} | {r['attention']} | {r['median_ms']:.2f} | {r['ratio_to_first']:.3f} |" for r in rows]
     (out / "model_interleaved.md").write_text("\n".join(lines) + "\n")
+    return rows
 
 
 if __name__ == "__main__":

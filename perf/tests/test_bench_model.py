@@ -54,3 +54,21 @@ def test_model_benchmark(benchmark, device, attention, mode):
         assert all(p.grad is not None for p in model.parameters())
     if mode == "step":
         assert any(not torch.equal(a, p.detach()) for a, p in zip(before, model.parameters()))
+
+
+def test_the_interleaved_step_script_rotates_backends_and_reports_each_against_the_first(tmp_path):
+    """perf/scripts/model_step_interleaved.py on the CPU (a tiny model): one row per backend,
+    every round timed for each, the first backend's ratio to itself exactly 1."""
+    import json
+
+    from perf.scripts import model_step_interleaved
+
+    rows = model_step_interleaved.main(["--device", "cpu", "--size", "tiny", "--attention", "sdpa", "eager",
+                                        "--context", "16", "--rounds", "3", "--steps", "1", "--warmup", "1",
+                                        "--compile", "off", "--precision", "fp32", "--out", str(tmp_path)])
+    assert [r["attention"] for r in rows] == ["sdpa", "eager"]
+    assert rows[0]["ratio_to_first"] == 1.0 and rows[1]["ratio_to_first"] > 0
+    assert all(len(r["rounds_ms"]) == 3 and r["median_ms"] > 0 for r in rows)
+    written = json.loads((tmp_path / "model_interleaved.json").read_text())
+    assert written["device"] == "cpu" and len(written["rows"]) == 2
+    assert (tmp_path / "model_interleaved.md").read_text().count("\n") == 4
