@@ -142,6 +142,31 @@ def bound(ref64, eager, dtype, magnitude=None) -> torch.Tensor:
     return FACTOR * eager_error + FLOOR_ULPS * (eps(dtype) * mag + tiny(dtype))
 
 
+def farthest(ref64, candidates):
+    """Of several float32 results computed in legitimately different ways (on other devices, in
+    other orders, from inputs nudged by an ulp), per tensor the one farthest from ``ref64``
+    (tensors, or dicts of them by name): the eager yardstick where one computation's rounding
+    can be luckier than a correct implementation's."""
+    def err(t, r):
+        return float((t.detach().double().cpu() - r.detach().double().cpu()).abs().max()) if t.numel() else 0.0
+
+    if isinstance(ref64, dict):
+        return {n: max((c[n] for c in candidates), key=lambda t, r=ref64[n]: err(t, r)) for n in ref64}
+    return max(candidates, key=lambda t: err(t, ref64))
+
+
+def nudged(tensors: dict, seed: int) -> dict:
+    """float32 copies of ``tensors`` (on the CPU), each element moved one ulp up or down (seeded):
+    inputs whose float32 results sample how far rounding of that size carries a computation."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, v in tensors.items():
+        v = v.detach().to("cpu", torch.float32)
+        up = torch.rand(v.shape, generator=g) < 0.5
+        out[name] = torch.nextafter(v, torch.where(up, torch.full_like(v, float("inf")), torch.full_like(v, float("-inf"))))
+    return out
+
+
 def assert_within(name: str, a: torch.Tensor, b: torch.Tensor, tolerance: torch.Tensor) -> None:
     """|a - b| <= tolerance elementwise (for metamorphic laws comparing two results)."""
     a64 = a.detach().to("cpu", torch.float64)

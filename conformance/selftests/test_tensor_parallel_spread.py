@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from conformance import oracle
 from conformance.laws.tensor_parallel import reference as ref
 from conformance.laws.tensor_parallel.laws import LAWS_BY_NAME
 from conformance.laws.tensor_parallel.strategies import ModelCase
@@ -19,23 +20,23 @@ from conformance.laws.tensor_parallel.strategies import ModelCase
 
 def test_nudged_parameters_are_one_float32_ulp_away_both_ways_and_seeded():
     params = {"w": torch.randn(64, 8), "b": torch.tensor([0.0, 1.0, -3.5e-20, 1e30])}
-    a, b = ref.nudged(params, 7), ref.nudged(params, 7)
+    a, b = oracle.nudged(params, 7), oracle.nudged(params, 7)
     assert all(torch.equal(a[n], b[n]) for n in params)
     for name, v in params.items():
         moved = a[name]
         up, down = torch.nextafter(v, torch.tensor(float("inf"))), torch.nextafter(v, torch.tensor(float("-inf")))
         assert bool(((moved == up) | (moved == down)).all()), name
     assert bool((a["w"] > params["w"]).any()) and bool((a["w"] < params["w"]).any())
-    assert not torch.equal(ref.nudged(params, 8)["w"], a["w"])
+    assert not torch.equal(oracle.nudged(params, 8)["w"], a["w"])
 
 
 def test_the_farthest_run_is_chosen_per_tensor():
     r = {"x": torch.zeros(3, dtype=torch.float64), "y": torch.ones(2, dtype=torch.float64)}
     runs = [{"x": torch.tensor([0.0, 1e-6, 0.0]), "y": torch.tensor([1.0, 1.0])},
             {"x": torch.tensor([1e-7, 0.0, 0.0]), "y": torch.tensor([1.0, 1.5])}]
-    got = ref.farthest(r, runs)
+    got = oracle.farthest(r, runs)
     assert got["x"] is runs[0]["x"] and got["y"] is runs[1]["y"]
-    assert ref.farthest(torch.tensor(2.0, dtype=torch.float64), [torch.tensor(2.0), torch.tensor(2.5)]) == 2.5
+    assert oracle.farthest(torch.tensor(2.0, dtype=torch.float64), [torch.tensor(2.0), torch.tensor(2.5)]) == 2.5
 
 
 def test_a_correct_sequence_parallel_gpt_passes_where_the_plain_eager_run_was_lucky():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from conformance.laws.pipeline import model as models
+from conformance.oracle import farthest
 
 
 def _run(layers, x):
@@ -68,9 +69,5 @@ def eager(case, ref64, device="cpu", dtype=torch.float32):
     H100: 4.7x the CPU eager's largest error on one element, a correct pipeline)."""
     devices = ["cpu"] + (["cuda"] if str(device).startswith("cuda") else [])
     runs = [run(case, dtype, dev) for dev in devices for run in (dense, microbatched)]
-    worse = {}
-    for name, ref in ref64.items():
-        worse[name] = max((grads[name] for grads, _ in runs), key=lambda g: float((g.double() - ref).abs().max()))
     loss64 = dense(case, torch.float64)[1]
-    worse_loss = max((loss for _, loss in runs), key=lambda l: float((l.double() - loss64).abs()))
-    return worse, worse_loss
+    return farthest(ref64, [grads for grads, _ in runs]), farthest(loss64, [loss for _, loss in runs])

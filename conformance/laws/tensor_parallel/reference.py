@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from conformance.harness import resolve_device
+from conformance.oracle import farthest, nudged
 
 from . import model as build
 
@@ -103,28 +104,6 @@ def gpt_step(case, params: dict, ids, tgt, dtype):
 # up or down (seeded): what rounding of that size does to each result is the conditioning the
 # bound must scale with, and per result the run farthest from float64 is the eager one judged by.
 SPREAD_SAMPLES = 3
-
-
-def nudged(params: dict, seed: int) -> dict:
-    """float32 ``params``, each element one ulp up or down (seeded)."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, v in params.items():
-        v = v.detach().to("cpu", torch.float32)
-        up = torch.rand(v.shape, generator=g) < 0.5
-        out[name] = torch.nextafter(v, torch.where(up, torch.full_like(v, float("inf")), torch.full_like(v, float("-inf"))))
-    return out
-
-
-def farthest(ref64, candidates):
-    """Of results computed the same way from nudged starts (each a tensor, or a dict of
-    tensors), per tensor the one farthest from ``ref64`` (max |difference|)."""
-    def err(t, r):
-        return float((t.double() - r.double()).abs().max()) if t.numel() else 0.0
-
-    if isinstance(ref64, dict):
-        return {n: max((c[n] for c in candidates), key=lambda t: err(t, ref64[n])) for n in ref64}
-    return max(candidates, key=lambda t: err(t, ref64))
 
 
 def gpt_step_eager(case, params: dict, ids, tgt, loss64, grads64, step: int = 0):
