@@ -15,6 +15,12 @@ the size of what cancelled, not against zero.
 
 NaN or Inf where the reference is finite never passes.
 
+The eager error is one sample of float32 rounding.  Where a computation amplifies rounding
+(a LayerNorm or RMSNorm over two or four features), one sample can be far luckier than a
+correct implementation adding in another order; laws there pass as ``eager`` the result
+``farthest`` from float64 among several legitimate float32 runs (the pipeline's: CPU and GPU,
+whole batch and micro-batches; the tensor-parallel GPT's: parameters ``nudged`` by one ulp).
+
 Where the compared tensors are the same arithmetic (DDP replicas, a sharded optimizer
 against the unsharded one) use ``assert_bitwise_equal`` instead.
 
