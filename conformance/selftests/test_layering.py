@@ -1,9 +1,9 @@
 """The layers import one way.
 
     impl                      torch, triton, numpy and itself: nothing of the suite
-    suite mechanisms          (target protocol, verdicts and refusals, oracle, profiles,
-                              harness, report, law and mutant types, compile clock, capability table,
-                              accounting) no impl, no laws, no tests, no perf
+    suite mechanisms          (target protocol, verdicts and refusals, oracle and its margins,
+                              profiles, harness, report, law and mutant types, compile clock,
+                              capability table, accounting) no impl, no laws, no tests, no perf
     laws (conformance.laws)   mechanisms and impl (references); no tests, no perf
     adapters, mutants         targets: impl, mechanisms, laws; no tests, no perf
     spec cases, properties    tests: library modules only, never another test module
@@ -28,6 +28,7 @@ MECHANISMS = {
     for name in (
         "__init__", "__main__", "target", "verdicts", "refusals", "oracle", "profiles", "harness",
         "harness_torchrun", "report", "lawbook", "compile_clock", "capabilities", "accounting", "isolation", "grade",
+        "margins",
     )
 }
 TESTS = ("conformance.spec", "properties", "conformance.selftests")
