@@ -14,7 +14,6 @@ parameters, and then at most 0.29 in 60.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -71,7 +70,9 @@ def pytest_runtest_call(item):
 def pytest_sessionfinish(session):
     out = Path(session.config.getoption("--margins-out"))
     out.mkdir(parents=True, exist_ok=True)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    # the worker id from xdist's own config (an environment variable would be inherited by a
+    # pytest run started inside a worker)
+    worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
     (out / f"margins-{worker}.json").write_text(json.dumps(_WORST))
     if worker == "main":  # the controller (or a run without xdist): every worker has written
         worst = {}
