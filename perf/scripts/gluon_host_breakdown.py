@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import cProfile
 import io
+import itertools
 import math
 import pstats
 import statistics
-import time
 
 import torch
 
 from impl.attention import call_graphs, custom_ops
 from impl.attention import flash_gluon as fg
 from impl.attention.host_plans import as_4d
+from perf.lib.measure import host_and_wall_us_per_call
 
 B, H, N, D = 4, 12, 256, 64
 POOL = 48
@@ -45,15 +46,10 @@ def input_sets():
 
 
 def per_call_us(fn, sets, calls=600, rounds=7):
-    times = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        for i in range(calls):
-            fn(sets[i % POOL])
-        times.append((time.perf_counter() - started) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+    """The median over rounds of the host's microseconds a call (``host_and_wall_us_per_call``),
+    the inputs cycling through the sets."""
+    cycle = itertools.cycle(sets)
+    return statistics.median(host_and_wall_us_per_call(lambda: fn(next(cycle)), calls)[0] for _ in range(rounds))
 
 
 def rows(sets):

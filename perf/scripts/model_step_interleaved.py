@@ -21,7 +21,6 @@ import argparse
 import copy
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -29,15 +28,7 @@ import torch
 from impl.attention import call_graphs
 from impl.models import gpt
 from perf.bench import model as bench
-from perf.lib.workloads import synchronize
-
-
-def timed_step(step, device) -> float:
-    synchronize(device)
-    started = time.perf_counter()
-    step()
-    synchronize(device)
-    return time.perf_counter() - started
+from perf.lib.measure import time_calls
 
 
 def run_context(opts, context: int, device: torch.device) -> list[dict]:
@@ -50,8 +41,7 @@ def run_context(opts, context: int, device: torch.device) -> list[dict]:
         forward_model = torch.compile(model, dynamic=False) if opts.compile == "on" else model
         # make_step's compiled=True resets Dynamo; here each backend keeps its own compiled graph
         steps[name] = bench.make_step(forward_model, "step", opts.precision, opts.batch, context, optimizer)
-        for _ in range(opts.warmup):
-            timed_step(steps[name], device)
+        time_calls(steps[name], device, warmup=opts.warmup, steps=1)
         counts[name] = dict.fromkeys(("direct", "recorded", "replayed", "declined"), 0)
         times[name] = []
     rounds = []
@@ -60,7 +50,7 @@ def run_context(opts, context: int, device: torch.device) -> list[dict]:
         medians = {}
         for name in order:
             before = call_graphs.stats()
-            these = [timed_step(steps[name], device) for _ in range(opts.steps)]
+            these = time_calls(steps[name], device, warmup=0, steps=opts.steps)
             after = call_graphs.stats()
             for k in counts[name]:
                 counts[name][k] += after[k] - before[k]
