@@ -175,6 +175,8 @@ class _Clock:
     def admit(self) -> None:
         """Raise _OutOfBudget unless the next example fits in what is left: any time left
         for the first, twice the slowest so far after it."""
+        if not self.ran:  # the budget counts from the first example: Hypothesis's start and the law's
+            self.budget.deadline = time.monotonic() + self.seconds  # set-up before it are not the target's time
         left = self.budget.left()
         if left <= 0 or (self.ran and left < 2 * self.slowest):
             raise _OutOfBudget()
@@ -204,7 +206,9 @@ class BudgetedLaw:
             law.check(subject, case)
         law.run(run)                            # instead of run()
 
-    An example starts only while the budget has time left for it (twice the slowest so far,
+    The budget counts from the first example's start (on a loaded machine Hypothesis's own start
+    and the set-up before an example took over a second: a short budget then ran none).  An
+    example starts only while the budget has time left for it (twice the slowest so far,
     less what that one paid once: a rank pool's start, compiling a kernel), and every case it
     runs on the ranks is cut to what is left (``harness.time_budget``; the first start of each
     world size's rank pool is not charged).  So the law ends in about its budget:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 import warnings
 
+import hypothesis
 import pytest
 import torch
 import torch.distributed as dist
@@ -114,6 +115,28 @@ def test_a_case_asked_for_once_the_budget_is_spent_is_undecided_at_once():
         time.sleep(0.02)
         with pytest.raises(LawBudgetSpent, match="undecided: the law x's time budget of 0.01 s was spent before case"):
             run_on_ranks(mean_on_ranks, 2, f"{FIXTURES}:correct", 1, timeout=60, device=DEVICE)
+
+
+def test_the_budget_counts_from_the_first_example_so_a_slow_start_leaves_one_to_judge():
+    """On a loaded GPU machine the work before a law's first example (Hypothesis's start, a
+    compile-cache reset) once took over the whole of a 1 s budget, and the law passed on no
+    example at all.  Here that work takes 1.5 s of a 1 s budget; each example 0.6 s: one runs."""
+    from conformance.lawbook import BudgetedLaw
+
+    ran = []
+    law = BudgetedLaw(Law("slow_start", "selftest", CONTRACT, mean_cases, lambda subject, case: (ran.append(case), time.sleep(0.6))),
+                      seconds=1.0)
+
+    @hypothesis.settings(**SETTINGS)
+    @hypothesis.given(case=law.cases())
+    def run(case):
+        if not ran:
+            time.sleep(1.5)
+        law.check(None, case)
+
+    with pytest.warns(LawBudgetWarning, match=r"^slow_start: 1 example\(s\) ran and passed"):
+        law.run(run)
+    assert len(ran) == 1, ran
 
 
 def test_a_verdict_ends_the_law_at_once_instead_of_being_shrunk():
