@@ -154,3 +154,71 @@ def test_no_fast_stream_where_a_launch_must_take_the_checked_path(monkeypatch, w
         assert triton_launch.fast_stream(None) is None
         return
     assert triton_launch.fast_stream(0) is None
+
+
+# --- the C++ launcher's template (impl/attention/native_launch.py) -----------------------------
+
+
+def _templated(raw, **overrides):
+    from impl.attention import native_launch
+
+    launch, _ = _bound(raw)
+    launch.compiled.src = types.SimpleNamespace(signature=dict(SIGNATURE))
+    launch.compiled.metadata = types.SimpleNamespace(num_warps=4, num_ctas=1, shared=1024)
+    launch.compiled.function = 1234
+    launch.c_head = (1234, False, False)
+    for name, value in overrides.items():
+        setattr(launch, name, value)
+    return launch, native_launch
+
+
+def test_the_native_template_expands_to_what_the_direct_path_hands_tritons_launcher(recorded):
+    """Slot for slot, the C++ launcher's parameters are the direct path's: a descriptor as its
+    tensor map, shape and strides; a pointer as the tensor's address; the fixed rest; no
+    constexpr; then the two null scratch pointers Triton's launcher appends."""
+    launches, encodes, raw = recorded
+    launch, native_launch = _templated(raw)
+    a, x, b, y = _tensors()
+    launch._direct((a, x, b, y))
+    direct = launches.pop()[13:]  # after (grid, stream, function, flags, scratch, metadata, hooks' None x 3)
+    function, grid, num_warps, num_ctas, shared, pdl, cooperative, slots = native_launch.template(launch)
+    assert (function, grid, num_warps, num_ctas, shared, pdl, cooperative) == (1234, [2, 1, 1], 4, 1, 1024, False, False)
+    expected = []
+    for value in direct[:-1]:  # the trailing constexpr BLOCK: Triton's launcher skips it
+        if isinstance(value, tuple) and value[0] == "map":  # the fake encoder's record: ("map", address, ...)
+            expected.append(("map", 0 if value[1] == a.data_ptr() else 2))
+        else:
+            expected.append(value.data_ptr() if isinstance(value, torch.Tensor) else value)
+    assert native_launch.expand(slots, [a, x, b, y]) == expected + [0, 0]
+    descriptor = slots[0]
+    swizzle, elem_size, host_elem_type, box = launch.encodings[0]  # the element type as the host enumerates it
+    assert descriptor[3:6] == [swizzle, elem_size, host_elem_type] == [META["swizzle"], META["elem_size"],
+                                                                       nvidia_driver.TMA_DTYPE_DEVICE_TO_HOST[10]]
+    assert descriptor[6:] == BOX + [0]
+
+
+@pytest.mark.parametrize("why", ["global scratch", "a fixed pointer", "a descriptor not lowered to TMA", "no C launcher"])
+def test_the_native_template_declines_what_it_does_not_mirror(recorded, why):
+    launches, encodes, raw = recorded
+    overrides = {"global scratch": {"scratch_bytes": 128}, "a fixed pointer": {"rest": (None,)},
+                 "a descriptor not lowered to TMA": {"encodings": (None, None, None)},
+                 "no C launcher": {"c_launch": None}}[why]
+    launch, native_launch = _templated(raw, **overrides)
+    assert native_launch.template(launch) is None
+
+
+def test_scalar_words_hold_the_bits_tritons_launcher_packs():
+    from impl.attention import native_launch
+
+    assert native_launch.word("i32", -1) == -1 and native_launch.word("u64", 2**64 - 1) == -1
+    assert native_launch.word("fp32", 1.0) == 0x3F800000 and native_launch.word("fp16", 1.0) == 0x3C00
+    assert native_launch.word("bf16", 1.0) == 0x3F80 and native_launch.word("fp64", 2.0) == 0x4000000000000000
+    with pytest.raises(TypeError):
+        native_launch.word("*bf16", 0)
+
+
+def test_the_native_launcher_is_off_unless_asked_for(monkeypatch):
+    from impl.attention import native_launch
+
+    monkeypatch.delenv("ATTENTION_NATIVE_LAUNCH", raising=False)
+    assert native_launch.extension() is None

@@ -38,6 +38,8 @@ import warnings
 import torch
 import triton
 
+from impl.attention import native_launch
+
 try:  # Triton >= 3.4 keeps its runtime settings here
     from triton import knobs as _knobs
 except ImportError:  # pragma: no cover - older Triton: no hooks to honour on the fast path
@@ -133,7 +135,7 @@ class Launch:
     """One kernel launch with everything but the first arguments (the tensors) fixed."""
 
     __slots__ = ("kernel", "grid", "rest", "constexprs", "options", "tma", "device_index", "compiled", "direct_ok",
-                 "c_launch", "c_head", "c_head_meta", "scratch_bytes", "descriptors", "encodings", "fill")
+                 "c_launch", "c_head", "c_head_meta", "scratch_bytes", "descriptors", "encodings", "fill", "native")
 
     def __init__(self, kernel, grid: tuple, rest: tuple, constexprs: dict, options: dict | None,
                  device: torch.device, tma: bool = False, descriptors: tuple = ()):
@@ -156,6 +158,7 @@ class Launch:
         self.device_index = device.index if device.type == "cuda" else None
         self.compiled = None
         self.c_launch = None
+        self.native = None  # its id in native_launch's C++ launcher, where that is on and this launch fits it
 
     @property
     def graph_ready(self) -> bool:
@@ -182,6 +185,9 @@ class Launch:
             self._c_launch(stream, tensors)
 
     def _c_launch(self, stream, tensors) -> None:
+        if self.native is not None:  # the whole launch in C++ (native_launch)
+            native_launch.launch(self.native, stream, tensors)
+            return
         # Triton's C launcher itself, the descriptor scratch from our cache
         scratch = _tma_scratch(self.scratch_bytes, 128, stream) if self.scratch_bytes else None
         if self.encodings is not None:
@@ -273,6 +279,7 @@ class Launch:
             if launch is None:  # keep Triton's wrapper, handed TensorDescriptors (compiled.run's path)
                 return
         self.c_launch = launch
+        self.native = native_launch.register(self)
 
     def _bind_descriptor_encodings(self, wrapper):
         """The C launch function under Triton's tensor-descriptor wrapper, with each

@@ -1,0 +1,200 @@
+// One Triton or Gluon kernel launch from C++: the parameters that Triton 3.6's generated launcher
+// (backends/nvidia/driver.py, make_launcher) builds, from a template fixed per Launch and the call's tensors.
+//
+//   register_launch(function, grid, num_warps, num_ctas, shared, pdl, cooperative, slots) -> id
+//   launch(id, stream, tensors)
+//
+// A slot is [kind, tensor, value, swizzle, elem_size, elem_type, box0 .. box4]:
+//   PTR   the tensor's data pointer (a CUdeviceptr)
+//   DESC  the tensor's CUtensorMap, encoded here as Triton's fill_tma_descriptor encodes it (whole tensor,
+//         zero fill, 128 B L2 promotion), followed by its shape as i32 and strides as i64: the launcher's
+//         expansion of a host tensor descriptor
+//   WORD  the low bytes of ``value`` (an integer of any width, a float's bits, a null scratch pointer)
+// Each parameter is passed as the address of an 8-byte word; the kernel reads as many bytes as its type has
+// (little-endian), as cuLaunchKernelEx does with the launcher's typed locals.
+#include <torch/extension.h>
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+enum Kind : int64_t { PTR = 0, DESC = 1, WORD = 2 };
+constexpr int MAX_RANK = 5;
+constexpr int SLOT_FIELDS = 6 + MAX_RANK;
+constexpr int MAX_PARAMS = 128;
+constexpr int MAX_MAPS = 8;
+
+struct Slot {
+  int64_t kind, tensor;
+  uint64_t value;
+  int swizzle, elem_size, elem_type;
+  cuuint32_t box[MAX_RANK];
+};
+
+struct Spec {
+  CUfunction function;
+  unsigned grid[3];
+  unsigned block;
+  unsigned num_ctas;
+  unsigned shared;
+  bool pdl, cooperative;
+  std::vector<Slot> slots;
+};
+
+typedef CUresult (*LaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**);
+typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+typedef CUresult (*ErrorString)(CUresult, const char**);
+
+void* libcuda() {  // opened as Triton opens it: the driver, not the runtime, and no link-time dependency
+  static void* handle = dlopen("libcuda.so.1", RTLD_LAZY);
+  if (!handle) throw std::runtime_error("native_launch: cannot open libcuda.so.1");
+  return handle;
+}
+
+template <typename F>
+F symbol(const char* name) {
+  void* f = dlsym(libcuda(), name);
+  if (!f) throw std::runtime_error(std::string("native_launch: libcuda.so.1 has no ") + name);
+  return reinterpret_cast<F>(f);
+}
+
+void check(CUresult res, const char* what) {
+  if (res == CUDA_SUCCESS) return;
+  static ErrorString error_string = symbol<ErrorString>("cuGetErrorString");
+  const char* text = nullptr;
+  error_string(res, &text);
+  throw std::runtime_error(std::string("native_launch: ") + what + ": " + (text ? text : "unknown CUDA error"));
+}
+
+std::deque<Spec> specs;  // a deque: registering one never moves those already handed out
+std::mutex specs_mutex;
+
+}  // namespace
+
+int64_t register_launch(int64_t function, std::vector<int64_t> grid, int64_t num_warps, int64_t num_ctas,
+                        int64_t shared, bool pdl, bool cooperative, std::vector<std::vector<int64_t>> slots) {
+  TORCH_CHECK(grid.size() == 3, "native_launch: a grid has 3 dimensions, got ", grid.size());
+  TORCH_CHECK(num_ctas >= 1 && num_warps >= 1, "native_launch: num_ctas and num_warps must be positive");
+  Spec s;
+  s.function = reinterpret_cast<CUfunction>(function);
+  for (int i = 0; i < 3; ++i) s.grid[i] = static_cast<unsigned>(grid[i]);
+  s.block = static_cast<unsigned>(32 * num_warps);
+  s.num_ctas = static_cast<unsigned>(num_ctas);
+  s.shared = static_cast<unsigned>(shared);
+  s.pdl = pdl;
+  s.cooperative = cooperative;
+  int params = 0, maps = 0;
+  for (const auto& v : slots) {
+    TORCH_CHECK(v.size() == SLOT_FIELDS, "native_launch: a slot has ", SLOT_FIELDS, " fields, got ", v.size());
+    TORCH_CHECK(v[0] == PTR || v[0] == DESC || v[0] == WORD, "native_launch: unknown slot kind ", v[0]);
+    Slot slot{v[0], v[1], static_cast<uint64_t>(v[2]), static_cast<int>(v[3]), static_cast<int>(v[4]),
+              static_cast<int>(v[5]), {}};
+    for (int i = 0; i < MAX_RANK; ++i) slot.box[i] = static_cast<cuuint32_t>(v[6 + i]);
+    params += slot.kind == DESC ? 1 + 2 * MAX_RANK : 1;
+    maps += slot.kind == DESC;
+    s.slots.push_back(slot);
+  }
+  TORCH_CHECK(params <= MAX_PARAMS && maps <= MAX_MAPS, "native_launch: more parameters than this launcher holds");
+  std::lock_guard<std::mutex> lock(specs_mutex);
+  specs.push_back(std::move(s));
+  return static_cast<int64_t>(specs.size() - 1);
+}
+
+void launch(int64_t id, int64_t stream, const std::vector<at::Tensor>& tensors) {
+  static LaunchKernelEx launch_kernel_ex = symbol<LaunchKernelEx>("cuLaunchKernelEx");
+  static EncodeTiled encode_tiled = symbol<EncodeTiled>("cuTensorMapEncodeTiled");
+  const Spec* spec;
+  {
+    std::lock_guard<std::mutex> lock(specs_mutex);
+    TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(specs.size()), "native_launch: no launch registered as ", id);
+    spec = &specs[id];
+  }
+  const Spec& s = *spec;
+  alignas(128) CUtensorMap maps[MAX_MAPS];  // the driver copies parameters at launch: locals suffice
+  uint64_t words[MAX_PARAMS];
+  void* params[MAX_PARAMS];
+  int np = 0, nm = 0;
+  auto push_word = [&](uint64_t w) {
+    words[np] = w;
+    params[np] = &words[np];
+    ++np;
+  };
+  for (const Slot& slot : s.slots) {
+    if (slot.kind == WORD) {
+      push_word(slot.value);
+      continue;
+    }
+    TORCH_CHECK(slot.tensor >= 0 && slot.tensor < static_cast<int64_t>(tensors.size()), "native_launch: launch ", id,
+                " takes tensor ", slot.tensor, " and was given ", tensors.size());
+    const at::Tensor& t = tensors[slot.tensor];
+    if (slot.kind == PTR) {
+      push_word(reinterpret_cast<uint64_t>(t.data_ptr()));
+      continue;
+    }
+    const int rank = static_cast<int>(t.dim());
+    TORCH_CHECK(rank >= 1 && rank <= MAX_RANK, "native_launch: a descriptor over a ", rank, "-D tensor");
+    cuuint64_t dims[MAX_RANK], strides[MAX_RANK];
+    cuuint32_t box[MAX_RANK], element_strides[MAX_RANK] = {1, 1, 1, 1, 1};
+    for (int i = 0; i < rank; ++i) {  // innermost first
+      dims[rank - 1 - i] = static_cast<cuuint64_t>(t.size(i));
+      box[rank - 1 - i] = slot.box[i];
+    }
+    for (int i = 0; i + 1 < rank; ++i) strides[rank - 2 - i] = static_cast<cuuint64_t>(slot.elem_size * t.stride(i));
+    check(encode_tiled(&maps[nm], static_cast<CUtensorMapDataType>(slot.elem_type), rank, t.data_ptr(), dims, strides,
+                       box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                       static_cast<CUtensorMapSwizzle>(slot.swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+          "cuTensorMapEncodeTiled");
+    params[np++] = &maps[nm++];
+    for (int i = 0; i < rank; ++i) push_word(static_cast<uint64_t>(static_cast<uint32_t>(t.size(i))));  // i32
+    for (int i = 0; i < rank; ++i) push_word(static_cast<uint64_t>(t.stride(i)));                       // i64
+  }
+  if (static_cast<uint64_t>(s.grid[0]) * s.grid[1] * s.grid[2] == 0) return;
+  CUlaunchAttribute attrs[4];
+  unsigned n_attrs = 0;
+  if (s.pdl) {
+    attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[n_attrs].value.programmaticStreamSerializationAllowed = 1;
+    ++n_attrs;
+  }
+  if (s.cooperative) {
+    attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[n_attrs].value.cooperative = 1;
+    ++n_attrs;
+  }
+  if (s.num_ctas != 1) {
+    attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[n_attrs].value.clusterDim.x = s.num_ctas;
+    attrs[n_attrs].value.clusterDim.y = 1;
+    attrs[n_attrs].value.clusterDim.z = 1;
+    ++n_attrs;
+    attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+    attrs[n_attrs].value.clusterSchedulingPolicyPreference = CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
+    ++n_attrs;
+  }
+  CUlaunchConfig config{};
+  config.gridDimX = s.grid[0] * s.num_ctas;
+  config.gridDimY = s.grid[1];
+  config.gridDimZ = s.grid[2];
+  config.blockDimX = s.block;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = s.shared;
+  config.hStream = reinterpret_cast<CUstream>(stream);
+  config.attrs = attrs;
+  config.numAttrs = n_attrs;
+  check(launch_kernel_ex(&config, s.function, params, nullptr), "cuLaunchKernelEx");
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("register_launch", &register_launch);
+  m.def("launch", &launch);
+}
