@@ -220,5 +220,5 @@ def test_scalar_words_hold_the_bits_tritons_launcher_packs():
 def test_the_native_launcher_is_off_unless_asked_for(monkeypatch):
     from impl.attention import native_launch
 
-    monkeypatch.delenv("ATTENTION_NATIVE_LAUNCH", raising=False)
+    monkeypatch.delenv("LLM_SYSTEMS_NATIVE_LAUNCH", raising=False)
     assert native_launch.extension() is None

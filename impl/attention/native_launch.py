@@ -14,7 +14,7 @@ Contract
     scratch pointers (both null: a kernel with global scratch stays on Triton's launcher).
     ``template`` returns None for anything else (tuple arguments, descriptors not lowered to
     TMA, fixed pointer arguments), and the Launch keeps Triton's launcher.
-    Off unless ``ATTENTION_NATIVE_LAUNCH=1``; the extension is built on first use with
+    Off unless ``LLM_SYSTEMS_NATIVE_LAUNCH=1``; the extension is built on first use with
     ``torch.utils.cpp_extension`` (a C++ compiler and Triton's bundled ``cuda.h``); where it
     cannot be built, a warning says why and every Launch keeps Triton's launcher.
 """
@@ -34,7 +34,7 @@ launch = None  # the extension's launch(id, stream, tensors), once built
 
 
 def enabled() -> bool:
-    return os.environ.get("ATTENTION_NATIVE_LAUNCH", "0") == "1"
+    return os.environ.get("LLM_SYSTEMS_NATIVE_LAUNCH", "0") == "1"
 
 
 def extension():
