@@ -5,6 +5,7 @@ cuTensorMapEncodeTiled by a function that returns its arguments."""
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -222,3 +223,41 @@ def test_the_native_launcher_is_off_unless_asked_for(monkeypatch):
 
     monkeypatch.delenv("LLM_SYSTEMS_NATIVE_LAUNCH", raising=False)
     assert native_launch.extension() is None
+
+
+def _built_extension():
+    """The C++ launcher, built here (a CPU build: ``describe`` needs no driver); skipped only
+    where there is no C++ compiler, so a source that does not compile fails."""
+    import shutil
+
+    from impl.attention import native_launch
+
+    if not any(shutil.which(cxx) for cxx in (os.environ.get("CXX", "c++"), "c++", "g++")):
+        pytest.skip("needs a C++ compiler to build impl/attention/csrc/native_launch.cpp")
+    return native_launch._build()
+
+
+def test_the_cpp_launcher_passes_what_the_direct_path_hands_tritons_launcher(recorded):
+    """The C++ side itself, through ``describe`` (what ``launch`` would pass): words and
+    pointers as the direct path's, and each tensor map encoded from the arguments Triton's
+    fill_tma_descriptor hands the driver (dimensions innermost first, byte strides of all but
+    the outermost dimension, the box reversed)."""
+    launches, encodes, raw = recorded
+    launch, native_launch = _templated(raw)
+    ext = _built_extension()
+    a, x, b, y = _tensors()
+    launch._direct((a, x, b, y))
+    direct = launches.pop()[13:-1]  # the arguments after the head, less the trailing constexpr
+    spec = native_launch.template(launch)
+    described = ext.describe(ext.register_launch(*spec), [a, x, b, y])
+    expected = []
+    for value in direct:
+        if isinstance(value, tuple) and value[0] == "map":  # the fake encoder's record of Triton's arguments
+            _, address, swizzle, elem_size, elem_type, box, shape, strides, padding = value
+            assert padding == 0
+            rank = len(shape)
+            expected.append((elem_type, rank, address, list(shape)[::-1],
+                             [elem_size * s for s in strides[:-1]][::-1], list(box)[::-1], swizzle))
+        else:
+            expected.append(value.data_ptr() if isinstance(value, torch.Tensor) else value)
+    assert described == expected + [0, 0]

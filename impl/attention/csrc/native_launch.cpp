@@ -3,6 +3,7 @@
 //
 //   register_launch(function, grid, num_warps, num_ctas, shared, pdl, cooperative, slots) -> id
 //   launch(id, stream, tensors)
+//   describe(id, tensors) -> what launch would pass (no driver needed: the CPU tests' view)
 //
 // A slot is [kind, tensor, value, swizzle, elem_size, elem_type, box0 .. box4]:
 //   PTR   the tensor's data pointer (a CUdeviceptr)
@@ -108,20 +109,47 @@ int64_t register_launch(int64_t function, std::vector<int64_t> grid, int64_t num
   return static_cast<int64_t>(specs.size() - 1);
 }
 
-void launch(int64_t id, int64_t stream, const std::vector<at::Tensor>& tensors) {
-  static LaunchKernelEx launch_kernel_ex = symbol<LaunchKernelEx>("cuLaunchKernelEx");
-  static EncodeTiled encode_tiled = symbol<EncodeTiled>("cuTensorMapEncodeTiled");
-  const Spec* spec;
-  {
-    std::lock_guard<std::mutex> lock(specs_mutex);
-    TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(specs.size()), "native_launch: no launch registered as ", id);
-    spec = &specs[id];
+namespace {
+
+const Spec& spec_of(int64_t id) {
+  std::lock_guard<std::mutex> lock(specs_mutex);
+  TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(specs.size()), "native_launch: no launch registered as ", id);
+  return specs[id];  // a deque's elements stay where they are
+}
+
+// One tensor map's arguments to cuTensorMapEncodeTiled, innermost dimension first (as Triton's
+// fill_tma_descriptor orders them).
+struct MapArgs {
+  CUtensorMapDataType elem_type;
+  cuuint32_t rank;
+  void* address;
+  cuuint64_t dims[MAX_RANK], strides[MAX_RANK];
+  cuuint32_t box[MAX_RANK];
+  CUtensorMapSwizzle swizzle;
+};
+
+MapArgs map_args(const Slot& slot, const at::Tensor& t) {
+  const int rank = static_cast<int>(t.dim());
+  TORCH_CHECK(rank >= 1 && rank <= MAX_RANK, "native_launch: a descriptor over a ", rank, "-D tensor");
+  MapArgs m{};
+  m.elem_type = static_cast<CUtensorMapDataType>(slot.elem_type);
+  m.rank = static_cast<cuuint32_t>(rank);
+  m.address = t.data_ptr();
+  for (int i = 0; i < rank; ++i) {
+    m.dims[rank - 1 - i] = static_cast<cuuint64_t>(t.size(i));
+    m.box[rank - 1 - i] = slot.box[i];
   }
-  const Spec& s = *spec;
-  alignas(128) CUtensorMap maps[MAX_MAPS];  // the driver copies parameters at launch: locals suffice
-  uint64_t words[MAX_PARAMS];
-  void* params[MAX_PARAMS];
-  int np = 0, nm = 0;
+  for (int i = 0; i + 1 < rank; ++i) m.strides[rank - 2 - i] = static_cast<cuuint64_t>(slot.elem_size * t.stride(i));
+  m.swizzle = static_cast<CUtensorMapSwizzle>(slot.swizzle);
+  return m;
+}
+
+// The kernel's parameters for one call, in the launcher's order: each a word, or (DESC) a tensor map
+// followed by the tensor's shape (i32) and strides (i64).  ``on_map`` encodes (or records) each map.
+template <typename OnMap>
+int fill_params(const Spec& s, int64_t id, const std::vector<at::Tensor>& tensors, uint64_t* words, void** params,
+                OnMap on_map) {
+  int np = 0;
   auto push_word = [&](uint64_t w) {
     words[np] = w;
     params[np] = &words[np];
@@ -139,24 +167,32 @@ void launch(int64_t id, int64_t stream, const std::vector<at::Tensor>& tensors) 
       push_word(reinterpret_cast<uint64_t>(t.data_ptr()));
       continue;
     }
-    const int rank = static_cast<int>(t.dim());
-    TORCH_CHECK(rank >= 1 && rank <= MAX_RANK, "native_launch: a descriptor over a ", rank, "-D tensor");
-    cuuint64_t dims[MAX_RANK], strides[MAX_RANK];
-    cuuint32_t box[MAX_RANK], element_strides[MAX_RANK] = {1, 1, 1, 1, 1};
-    for (int i = 0; i < rank; ++i) {  // innermost first
-      dims[rank - 1 - i] = static_cast<cuuint64_t>(t.size(i));
-      box[rank - 1 - i] = slot.box[i];
-    }
-    for (int i = 0; i + 1 < rank; ++i) strides[rank - 2 - i] = static_cast<cuuint64_t>(slot.elem_size * t.stride(i));
-    check(encode_tiled(&maps[nm], static_cast<CUtensorMapDataType>(slot.elem_type), rank, t.data_ptr(), dims, strides,
-                       box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                       static_cast<CUtensorMapSwizzle>(slot.swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+    params[np++] = on_map(map_args(slot, t));
+    for (int64_t i = 0; i < t.dim(); ++i) push_word(static_cast<uint64_t>(static_cast<uint32_t>(t.size(i))));  // i32
+    for (int64_t i = 0; i < t.dim(); ++i) push_word(static_cast<uint64_t>(t.stride(i)));                       // i64
+  }
+  return np;
+}
+
+}  // namespace
+
+void launch(int64_t id, int64_t stream, const std::vector<at::Tensor>& tensors) {
+  static LaunchKernelEx launch_kernel_ex = symbol<LaunchKernelEx>("cuLaunchKernelEx");
+  static EncodeTiled encode_tiled = symbol<EncodeTiled>("cuTensorMapEncodeTiled");
+  const Spec& s = spec_of(id);
+  alignas(128) CUtensorMap maps[MAX_MAPS];  // the driver copies parameters at launch: locals suffice
+  uint64_t words[MAX_PARAMS];
+  void* params[MAX_PARAMS];
+  int nm = 0;
+  const cuuint32_t element_strides[MAX_RANK] = {1, 1, 1, 1, 1};
+  fill_params(s, id, tensors, words, params, [&](const MapArgs& m) -> void* {
+    // as Triton's fill_tma_descriptor: no interleave, 128 B L2 promotion, zero fill out of bounds
+    check(encode_tiled(&maps[nm], m.elem_type, m.rank, m.address, m.dims, m.strides, m.box, element_strides,
+                       CU_TENSOR_MAP_INTERLEAVE_NONE, m.swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
           "cuTensorMapEncodeTiled");
-    params[np++] = &maps[nm++];
-    for (int i = 0; i < rank; ++i) push_word(static_cast<uint64_t>(static_cast<uint32_t>(t.size(i))));  // i32
-    for (int i = 0; i < rank; ++i) push_word(static_cast<uint64_t>(t.stride(i)));                       // i64
-  }
+    return &maps[nm++];
+  });
   if (static_cast<uint64_t>(s.grid[0]) * s.grid[1] * s.grid[2] == 0) return;
   CUlaunchAttribute attrs[4];
   unsigned n_attrs = 0;
@@ -194,7 +230,40 @@ void launch(int64_t id, int64_t stream, const std::vector<at::Tensor>& tensors) 
   check(launch_kernel_ex(&config, s.function, params, nullptr), "cuLaunchKernelEx");
 }
 
+// What ``launch`` would pass, without a driver (for checking the layout on a CPU): per parameter, a word
+// as an int, or a tensor map as the tuple of its encoding arguments (element type, rank, address,
+// dims, byte strides of all but the outermost, box, swizzle), innermost first as the driver takes them.
+py::list describe(int64_t id, const std::vector<at::Tensor>& tensors) {
+  const Spec& s = spec_of(id);
+  uint64_t words[MAX_PARAMS];
+  void* params[MAX_PARAMS];
+  std::vector<MapArgs> maps;
+  maps.reserve(MAX_MAPS);
+  int np = fill_params(s, id, tensors, words, params, [&](const MapArgs& m) -> void* {
+    maps.push_back(m);
+    return &maps.back();
+  });
+  py::list out;
+  for (int i = 0; i < np; ++i) {
+    if (params[i] != &words[i]) {
+      const MapArgs& m = *static_cast<const MapArgs*>(params[i]);
+      py::list dims, strides, box;
+      for (cuuint32_t d = 0; d < m.rank; ++d) {
+        dims.append(m.dims[d]);
+        box.append(m.box[d]);
+        if (d + 1 < m.rank) strides.append(m.strides[d]);
+      }
+      out.append(py::make_tuple(static_cast<int>(m.elem_type), m.rank, reinterpret_cast<uint64_t>(m.address), dims,
+                                strides, box, static_cast<int>(m.swizzle)));
+    } else {
+      out.append(static_cast<int64_t>(words[i]));
+    }
+  }
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_launch", &register_launch);
   m.def("launch", &launch);
+  m.def("describe", &describe);
 }
