@@ -232,3 +232,76 @@ def test_causal_forward_splits_only_where_every_row_sees_the_first_key_of_its_sp
             assert args["SPLIT"] is split and (args["n_splits"] > 1) == split, (causal, configs)
     finally:
         fg.FORWARD_CONFIGS = saved
+
+
+def _roles(calls, inputs):
+    """The recorded launches with each tensor named by its role: an input by its name, any other
+    by the order it first appeared in (so a buffer shared by two launches is seen as shared)."""
+    names, seen = {t.data_ptr(): name for name, t in inputs.items()}, {}
+
+    def role(value):
+        if isinstance(value, TensorDescriptor):
+            return ("descriptor", role(value.base), tuple(value.shape), tuple(value.strides), tuple(value.block_shape))
+        if isinstance(value, torch.Tensor):
+            ptr = value.data_ptr()
+            name = names.get(ptr) or seen.setdefault(ptr, f"buffer {len(seen)}")
+            return (name, tuple(value.shape), value.stride(), value.dtype)
+        return value
+
+    return [(name, grid, {k: role(v) for k, v in args.items()}, options) for name, grid, args, options in calls]
+
+
+@pytest.mark.parametrize("shape_q, n_k, causal, transposed", [
+    ((2, 3, 100, 64), 100, True, False),
+    ((1, 2, 300, 128), 77, False, True),  # (B, N, H, d) storage: outputs in the inputs' layout
+    ((1, 2, 1000, 64), 1000, True, False),  # the forward's keys in 4 splits: the combine and its scratch
+])
+def test_the_native_pass_issues_what_the_python_path_issues(launches, deterministic, monkeypatch, shape_q, n_k, causal,
+                                                             transposed):
+    """With call graphs off and the C++ launcher on, a plan registers its call as one C++ pass
+    (``native_launch.register_pass``) after its first call through Python.  Here ``run_pass``
+    is emulated as csrc/native_launch.cpp does it (outputs by the registered sizes, strides and
+    dtypes; scratch; each launch handed the tensors its binding names), and every launch of the
+    second call, Gluon's and the Triton helpers', must match the first call's."""
+    from impl.attention import flash_triton
+
+    helpers = []
+    for name in TRITON_HELPERS:
+        monkeypatch.setattr(flash_triton, name, _Recorder(getattr(flash_triton, name), helpers,
+                                                          ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
+    registered = []
+
+    def register_pass(n_inputs, steps, outputs, scratch):
+        assert all(step.native is None for step, _ in steps)  # the fake: no C++ launch ids here
+        registered.append((n_inputs, steps, outputs, scratch))
+        return len(registered) - 1
+
+    def run_pass(pass_id, stream, inputs):
+        n_inputs, steps, outputs, scratch = registered[pass_id]
+        assert len(inputs) == n_inputs and stream == 7
+        made = [torch.empty_strided(size, strides, dtype=dtype) for size, strides, dtype in outputs]
+        named = [*inputs, *made, *(torch.empty(size, dtype=dtype) for size, dtype in scratch)]
+        for step, binding in steps:
+            step._through_triton(tuple(named[i] for i in binding))
+        return made
+
+    monkeypatch.setattr(fg.call_graphs, "ENABLED", False)
+    monkeypatch.setenv("LLM_SYSTEMS_NATIVE_LAUNCH", "1")
+    monkeypatch.setattr(fg.native_launch, "register_pass", register_pass)
+    monkeypatch.setattr(fg.native_launch, "run_pass", run_pass)
+    monkeypatch.setattr(fg, "fast_stream", lambda index: 7)
+    monkeypatch.setattr(fg.Launch, "issue", lambda self, stream, *tensors: self._through_triton(tensors))
+
+    q, k, v = _inputs(shape_q, n_k, transposed)
+    grad_o = torch.randn_like(q)
+    recorded = []
+    for _ in range(2):  # through Python (registering the passes), then through the passes
+        launches.clear(), helpers.clear()
+        o, lse = fg.flash_forward(q, k, v, causal)
+        dq, dk, dv = fg.flash_backward(q, k, v, o, lse, grad_o, causal)
+        assert (o.shape, dq.shape, dk.shape, dv.shape) == (q.shape, q.shape, k.shape, v.shape)
+        assert (o.stride(), dq.stride(), dk.stride(), dv.stride()) == (q.stride(), q.stride(), k.stride(), v.stride())
+        named = dict(q=q, k=k, v=v, grad_o=grad_o)
+        recorded.append((_roles(launches, named), _roles(helpers, named), lse.shape, lse.dtype))
+    assert len(registered) == 2  # the forward's pass and the backward's
+    assert recorded[1] == recorded[0]

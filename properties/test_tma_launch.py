@@ -261,3 +261,33 @@ def test_the_cpp_launcher_passes_what_the_direct_path_hands_tritons_launcher(rec
         else:
             expected.append(value.data_ptr() if isinstance(value, torch.Tensor) else value)
     assert described == expected + [0, 0]
+
+
+def test_a_cpp_pass_allocates_its_outputs_and_scratch_and_hands_each_launch_its_bindings(recorded):
+    """``describe_pass``: what ``run_pass`` does, without a driver.  Outputs come back with the
+    registered sizes, strides and dtypes; each launch gets the tensors its binding names
+    (inputs ++ outputs ++ scratch), one scratch buffer shared by the launches that name it."""
+    launches, encodes, raw = recorded
+    launch, native_launch = _templated(raw)
+    ext = _built_extension()
+    a, _, b, _ = _tensors()
+    launch_id = ext.register_launch(*native_launch.template(launch))
+    # two launches of one kernel: (a, out, b, scratch) and (b, scratch, a, out)
+    pass_id = ext.register_pass(2, [launch_id, launch_id], [[0, 2, 1, 3], [1, 3, 0, 2]], [[4, 2]], [[1, 4]],
+                                [torch.bfloat16], [[3]], [torch.float32])
+    outputs, described = ext.describe_pass(pass_id, [a, b])
+    (out,) = outputs
+    assert (out.shape, out.stride(), out.dtype) == ((4, 2), (1, 4), torch.bfloat16)
+    first, second = described
+    pointer_at = (9, 19)  # after a descriptor's map, 4 sizes and 4 strides; then after the second's
+    scratch = first[pointer_at[1]]
+    assert scratch == second[pointer_at[0]] and scratch not in (a.data_ptr(), b.data_ptr(), out.data_ptr())
+    assert first[pointer_at[0]] == second[pointer_at[1]] == out.data_ptr()
+    expect_first = ext.describe(launch_id, [a, out, b, out])  # out stands in for the scratch's slot
+    expect_second = ext.describe(launch_id, [b, out, a, out])
+    for got, expected, at in ((first, expect_first, pointer_at[1]), (second, expect_second, pointer_at[0])):
+        assert got[:at] + got[at + 1:] == expected[:at] + expected[at + 1:]
+    with pytest.raises(RuntimeError, match="a pass of 2 inputs was given 1"):
+        ext.describe_pass(pass_id, [a])
+    with pytest.raises(RuntimeError, match="a binding names tensor 5 of 4"):
+        ext.register_pass(2, [launch_id], [[0, 5]], [[4, 2]], [[1, 4]], [torch.bfloat16], [[3]], [torch.float32])

@@ -71,11 +71,13 @@ Schedule
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
 
 import torch
 import triton
 
+from impl.attention import call_graphs, native_launch
 from impl.attention.call_graphs import CallGraphs
 from impl.attention.host_plans import PlanCache, as_4d, dense_strides_like, signature
 from impl.attention.triton_launch import Launch, fast_stream
@@ -1049,7 +1051,49 @@ def _launch(kernel, grid, rest, constexprs, cfg: GluonConfig, device, descriptor
                   device, descriptors=descriptors)
 
 
-class _ForwardPlan:
+class _Pass:
+    """What the forward and backward plans share: the call's launches as data, each with the
+    names of the tensors it takes (``TENSORS``: inputs, outputs, then scratch), which the Python
+    path issues (``_issue``) and the C++ pass registers, from this one list."""
+
+    TENSORS: tuple = ()
+    N_INPUTS = 0
+
+    def _steps(self, *steps, scratch: tuple, like: torch.Tensor) -> None:
+        self.steps = tuple((step, tuple(self.TENSORS.index(name) for name in names)) for step, names in steps)
+        self.picks = tuple((step, operator.itemgetter(*where)) for step, where in self.steps)
+        self.scratch = scratch
+        self.device_index = like.device.index
+        self.native = None  # the C++ pass's id, registered once every launch has a C++ one
+        self.native_tried = False
+        self.graphs = CallGraphs(like.device, tuple(step for step, _ in self.steps), scratch)
+
+    def _issue(self, key, tensors: tuple) -> None:
+        """The launches with ``tensors`` (inputs and outputs, in TENSORS' order), through the
+        call graphs (which hand over the scratch)."""
+        def launch(*scratch):
+            stream = fast_stream(self.device_index)
+            named = tensors + scratch
+            for step, pick in self.picks:
+                step.issue(stream, *pick(named))
+
+        self.graphs.run(key, launch)
+
+    def _native_call(self, inputs: tuple):
+        """The outputs from the C++ pass, or None where it is not registered or cannot launch here."""
+        stream = fast_stream(self.device_index)
+        return None if stream is None else native_launch.run_pass(self.native, stream, inputs)
+
+    def _register_native(self, outputs: tuple) -> None:
+        """After a call through Python bound every launch: the whole call as one C++ pass, where
+        the tensors need no view or copy and no call graph would take the call.  ``outputs``:
+        (shape, strides, dtype) of each."""
+        self.native_tried = True
+        if self.plain and not call_graphs.ENABLED:
+            self.native = native_launch.register_pass(self.N_INPUTS, self.steps, outputs, self.scratch)
+
+
+class _ForwardPlan(_Pass):
     """A forward over inputs of one signature: inputs validated once, outputs' strides and
     the launch (grid, scalars, constexprs) fixed; a call makes the descriptors and launches."""
 
@@ -1094,11 +1138,21 @@ class _ForwardPlan:
                                   (*o4_strides, H, n_q, triton.cdiv(n_q, rows), splits, self.scale,
                                    self.scale * LOG2E), dict(HEAD_DIM=d, BLOCK_M=rows, BLOCK_D=d),
                                   _options(q.device, 4, 1), q.device)
-        launches = (self.launch,) if self.combine is None else (self.launch, self.combine)
-        self.graphs = CallGraphs(q.device, launches, () if self.parts is None else
-                                 tuple((shape, torch.float32) for shape in self.parts))
+        if self.combine is None:
+            self._steps((self.launch, ("q", "k", "v", "o", "lse")), scratch=(), like=q)
+        else:  # the splits' sums: the graph's scratch
+            self._steps((self.launch, ("q", "k", "v", "o_part", "ml_part")),
+                        (self.combine, ("o_part", "ml_part", "o", "lse")),
+                        scratch=tuple((shape, torch.float32) for shape in self.parts), like=q)
+
+    TENSORS = ("q", "k", "v", "o", "lse", "o_part", "ml_part")
+    N_INPUTS = 3
 
     def __call__(self, q, k, v):
+        if self.native is not None:
+            outputs = self._native_call((q, k, v))
+            if outputs is not None:
+                return tuple(outputs)
         if self.plain:
             q4, k4, v4 = q, k, v
         else:
@@ -1108,19 +1162,14 @@ class _ForwardPlan:
         key = (q4.data_ptr(), k4.data_ptr(), v4.data_ptr(), o.data_ptr(), lse.data_ptr())
         if self.inputs_only_key:
             key = key[:3]
-        if self.combine is None:
-            self.graphs.run(key, lambda: self.launch(q4, k4, v4, o, lse))
-        else:  # the splits' sums: the graph's scratch
-            def launch(o_part, ml_part):
-                stream = fast_stream(self.launch.device_index)
-                self.launch.issue(stream, q4, k4, v4, o_part, ml_part)
-                self.combine.issue(stream, o_part, ml_part, o, lse)
-
-            self.graphs.run(key, launch)
+        self._issue(key, (q4, k4, v4, o, lse))  # O by pointer, its strides fixed in the launch
+        if not self.native_tried and native_launch.enabled():
+            self._register_native(((tuple(q.shape), self.o_strides, q.dtype),
+                                   (tuple(self.lse_shape), lse.stride(), torch.float32)))
         return o, lse
 
 
-class _BackwardPlan:
+class _BackwardPlan(_Pass):
     """A backward over tensors of one signature (q, k, v, O, L, dO), its launches fixed.
 
     Five products (head dims in BACKWARD_FUSED_CONFIGS, unless torch's deterministic
@@ -1183,8 +1232,10 @@ class _BackwardPlan:
                 # d 128 (scores in query rows): each consumer adds half of dQ's columns
                 (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, (cfg.block_m, d // 2 if d > 64 else d)))
             # D and dQ's float32 sums: the graph's scratch
-            self.graphs = CallGraphs(dev, (self.pre, self.dkdv, self.convert),
-                                     ((tuple(lse.shape), torch.float32), (self.dq_acc_shape, torch.float32)))
+            self._steps((self.pre, ("o", "do", "delta", "dq_acc")),
+                        (self.dkdv, ("k", "v", "q", "do", "dq_acc", "dk", "dv", "lse", "delta")),
+                        (self.convert, ("dq_acc", "dq")),
+                        scratch=((tuple(lse.shape), torch.float32), (self.dq_acc_shape, torch.float32)), like=q)
             return
         cfg = self.dq_cfg = BACKWARD_DQ_CONFIGS[d]
         self.dq = _launch(
@@ -1201,9 +1252,18 @@ class _BackwardPlan:
             dict(IS_CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
                  CONSUMER_REGS=cfg.consumer_regs, FUSE_DQ=False, MUTANT=mutant), cfg, q.device,
             (cfg.block_n, cfg.block_n, cfg.block_m, cfg.block_m, cfg.block_m))
-        self.graphs = CallGraphs(q.device, (self.dq, self.dkdv), ((tuple(lse.shape), torch.float32),))  # D
+        self._steps((self.dq, ("q", "do", "k", "v", "o", "do", "dq", "lse", "delta")),
+                    (self.dkdv, ("k", "v", "q", "do", "q", "dk", "dv", "lse", "delta")),  # q stands in for the unread dQ
+                    scratch=((tuple(lse.shape), torch.float32),), like=q)  # D
+
+    TENSORS = ("q", "k", "v", "o", "lse", "do", "dq", "dk", "dv", "delta", "dq_acc")
+    N_INPUTS = 6
 
     def __call__(self, q, k, v, o, lse, grad_o):
+        if self.native is not None:
+            outputs = self._native_call((q, k, v, o, lse, grad_o))
+            if outputs is not None:
+                return tuple(outputs)
         dq, dk, dv = (torch.empty_strided(t.shape, s, dtype=t.dtype, device=t.device)
                       for t, s in zip((q, k, v), self.strides))
         if self.plain:
@@ -1215,18 +1275,9 @@ class _BackwardPlan:
                dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
         if self.inputs_only_key:
             key = key[:6]
-        if self.fused:
-            def launch(delta, dq_acc):
-                stream = fast_stream(self.dkdv.device_index)
-                self.pre.issue(stream, o4, do4, delta, dq_acc)
-                self.dkdv.issue(stream, k4, v4, q4, do4, dq_acc, dk4, dv4, lse, delta)
-                self.convert.issue(stream, dq_acc, dq4)
-        else:
-            def launch(delta):
-                stream = fast_stream(self.dkdv.device_index)
-                self.dq.issue(stream, q4, do4, k4, v4, o4, do4, dq4, lse, delta)
-                self.dkdv.issue(stream, k4, v4, q4, do4, q4, dk4, dv4, lse, delta)  # q4 stands in for the unread dQ
-        self.graphs.run(key, launch)
+        self._issue(key, (q4, k4, v4, o4, lse, do4, dq4, dk4, dv4))
+        if not self.native_tried and native_launch.enabled():
+            self._register_native(tuple((tuple(t.shape), s, t.dtype) for t, s in zip((q, k, v), self.strides)))
         return dq, dk, dv
 
 

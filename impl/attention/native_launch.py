@@ -14,6 +14,11 @@ Contract
     scratch pointers (both null: a kernel with global scratch stays on Triton's launcher).
     ``template`` returns None for anything else (tuple arguments, descriptors not lowered to
     TMA, fixed pointer arguments), and the Launch keeps Triton's launcher.
+    A pass (``register_pass``, ``run_pass``) is a whole call of a plan: its outputs' and scratch
+    allocations and its launches, one call from Python (the Gluon plans take it where call
+    graphs are off and the inputs need no view or copy).
+    Registrations live as long as the process (a few hundred bytes each, one per Launch and
+    plan ever bound).
     Off unless ``LLM_SYSTEMS_NATIVE_LAUNCH=1``; the extension is built on first use with
     ``torch.utils.cpp_extension`` (a C++ compiler and Triton's bundled ``cuda.h``); where it
     cannot be built, a warning says why and every Launch keeps Triton's launcher.
@@ -31,6 +36,7 @@ INTS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
 
 _EXTENSION: list = []  # [module or None] once tried
 launch = None  # the extension's launch(id, stream, tensors), once built
+run_pass = None  # the extension's run_pass(id, stream, inputs) -> outputs, once built
 
 
 def enabled() -> bool:
@@ -41,11 +47,11 @@ def extension():
     """The built extension, or None (switched off, or it could not be built: warned once)."""
     if not enabled():
         return None
-    global launch
+    global launch, run_pass
     if not _EXTENSION:
         try:
             _EXTENSION.append(_build())
-            launch = _EXTENSION[0].launch
+            launch, run_pass = _EXTENSION[0].launch, _EXTENSION[0].run_pass
         except Exception as exc:  # no compiler, no headers: Triton's launcher serves
             warnings.warn(f"native_launch: the C++ launcher could not be built ({type(exc).__name__}: {exc}); "
                           "launches go through Triton's launcher", RuntimeWarning, stacklevel=2)
@@ -140,6 +146,21 @@ def register(launch) -> int | None:
         return None
     spec = template(launch)
     return None if spec is None else ext.register_launch(*spec)
+
+
+def register_pass(n_inputs: int, steps: tuple, outputs: tuple, scratch: tuple) -> int | None:
+    """A call's allocations and launches as one C++ pass: ``run_pass(id, stream, inputs)`` then
+    allocates the outputs (returned) and the scratch, and issues each launch with the tensors its
+    binding names, indices into inputs ++ outputs ++ scratch.  ``steps``: ((Launch, binding), ...);
+    ``outputs``: ((shape, strides, dtype), ...); ``scratch``: ((shape, dtype), ...).  None where
+    the launcher is off or a launch has no C++ id."""
+    ext = extension()
+    if ext is None or any(step.native is None for step, _ in steps):
+        return None
+    return ext.register_pass(n_inputs, [step.native for step, _ in steps], [list(b) for _, b in steps],
+                             [list(shape) for shape, _, _ in outputs], [list(strides) for _, strides, _ in outputs],
+                             [dtype for _, _, dtype in outputs], [list(shape) for shape, _ in scratch],
+                             [dtype for _, dtype in scratch])
 
 
 def expand(slots: list, tensors) -> list:

@@ -4,6 +4,9 @@
 //   register_launch(function, grid, num_warps, num_ctas, shared, pdl, cooperative, slots) -> id
 //   launch(id, stream, tensors)
 //   describe(id, tensors) -> what launch would pass (no driver needed: the CPU tests' view)
+//   register_pass(n_inputs, launch ids, bindings, outputs' sizes, strides, dtypes, scratch sizes, dtypes) -> id
+//   run_pass(id, stream, inputs) -> outputs: a call's allocations and launches in one call
+//   describe_pass(id, inputs) -> (outputs, what each launch would pass)
 //
 // A slot is [kind, tensor, value, swizzle, elem_size, elem_type, box0 .. box4]:
 //   PTR   the tensor's data pointer (a CUdeviceptr)
@@ -262,8 +265,90 @@ py::list describe(int64_t id, const std::vector<at::Tensor>& tensors) {
   return out;
 }
 
+// --- a pass: a call's allocations and launches in one call from Python ---------------------------------
+
+namespace {
+
+struct Pass {
+  size_t n_inputs;
+  std::vector<int64_t> launches;               // registered launch ids, in issue order
+  std::vector<std::vector<int64_t>> bindings;  // per launch: indices into inputs ++ outputs ++ scratch
+  std::vector<std::vector<int64_t>> out_sizes, out_strides;
+  std::vector<at::ScalarType> out_dtypes;
+  std::vector<std::vector<int64_t>> scratch_sizes;
+  std::vector<at::ScalarType> scratch_dtypes;
+};
+
+std::deque<Pass> passes;
+
+const Pass& pass_of(int64_t id) {
+  std::lock_guard<std::mutex> lock(specs_mutex);
+  TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(passes.size()), "native_launch: no pass registered as ", id);
+  return passes[id];
+}
+
+// Allocates the outputs (returned) and the scratch, then hands each launch its tensors.
+template <typename Issue>
+std::vector<at::Tensor> run_with(const Pass& p, const std::vector<at::Tensor>& inputs, Issue issue) {
+  TORCH_CHECK(inputs.size() == p.n_inputs, "native_launch: a pass of ", p.n_inputs, " inputs was given ",
+              inputs.size());
+  const auto options = inputs[0].options();
+  std::vector<at::Tensor> all(inputs);
+  all.reserve(p.n_inputs + p.out_sizes.size() + p.scratch_sizes.size());
+  for (size_t i = 0; i < p.out_sizes.size(); ++i)
+    all.push_back(at::empty_strided(p.out_sizes[i], p.out_strides[i], options.dtype(p.out_dtypes[i])));
+  for (size_t i = 0; i < p.scratch_sizes.size(); ++i)
+    all.push_back(at::empty(p.scratch_sizes[i], options.dtype(p.scratch_dtypes[i])));
+  std::vector<at::Tensor> tensors;
+  for (size_t l = 0; l < p.launches.size(); ++l) {
+    tensors.clear();
+    for (int64_t b : p.bindings[l]) tensors.push_back(all[b]);
+    issue(p.launches[l], tensors);
+  }
+  return std::vector<at::Tensor>(all.begin() + p.n_inputs, all.begin() + p.n_inputs + p.out_sizes.size());
+}
+
+}  // namespace
+
+int64_t register_pass(int64_t n_inputs, std::vector<int64_t> launches, std::vector<std::vector<int64_t>> bindings,
+                      std::vector<std::vector<int64_t>> out_sizes, std::vector<std::vector<int64_t>> out_strides,
+                      std::vector<at::ScalarType> out_dtypes, std::vector<std::vector<int64_t>> scratch_sizes,
+                      std::vector<at::ScalarType> scratch_dtypes) {
+  TORCH_CHECK(n_inputs >= 1, "native_launch: a pass takes at least one input");
+  TORCH_CHECK(launches.size() == bindings.size(), "native_launch: one binding list per launch");
+  TORCH_CHECK(out_sizes.size() == out_strides.size() && out_sizes.size() == out_dtypes.size(),
+              "native_launch: each output needs sizes, strides and a dtype");
+  TORCH_CHECK(scratch_sizes.size() == scratch_dtypes.size(), "native_launch: each scratch buffer needs a dtype");
+  const int64_t n_all = n_inputs + static_cast<int64_t>(out_sizes.size() + scratch_sizes.size());
+  for (const auto& b : bindings)
+    for (int64_t i : b) TORCH_CHECK(i >= 0 && i < n_all, "native_launch: a binding names tensor ", i, " of ", n_all);
+  for (int64_t id : launches) spec_of(id);  // each registered
+  std::lock_guard<std::mutex> lock(specs_mutex);
+  passes.push_back(Pass{static_cast<size_t>(n_inputs), std::move(launches), std::move(bindings), std::move(out_sizes),
+                        std::move(out_strides), std::move(out_dtypes), std::move(scratch_sizes),
+                        std::move(scratch_dtypes)});
+  return static_cast<int64_t>(passes.size() - 1);
+}
+
+std::vector<at::Tensor> run_pass(int64_t id, int64_t stream, const std::vector<at::Tensor>& inputs) {
+  return run_with(pass_of(id), inputs,
+                  [&](int64_t launch_id, const std::vector<at::Tensor>& tensors) { launch(launch_id, stream, tensors); });
+}
+
+// What run_pass would do, without a driver: (outputs, per launch what ``launch`` would pass).
+py::tuple describe_pass(int64_t id, const std::vector<at::Tensor>& inputs) {
+  py::list launched;
+  auto outputs = run_with(pass_of(id), inputs, [&](int64_t launch_id, const std::vector<at::Tensor>& tensors) {
+    launched.append(describe(launch_id, tensors));
+  });
+  return py::make_tuple(outputs, launched);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_launch", &register_launch);
   m.def("launch", &launch);
   m.def("describe", &describe);
+  m.def("register_pass", &register_pass);
+  m.def("run_pass", &run_pass);
+  m.def("describe_pass", &describe_pass);
 }
