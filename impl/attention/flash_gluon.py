@@ -1061,7 +1061,9 @@ class _Pass:
 
     def _steps(self, *steps, scratch: tuple, like: torch.Tensor) -> None:
         self.steps = tuple((step, tuple(self.TENSORS.index(name) for name in names)) for step, names in steps)
-        self.picks = tuple((step, operator.itemgetter(*where)) for step, where in self.steps)
+        # itemgetter of one index returns the item, not a 1-tuple
+        self.picks = tuple((step, operator.itemgetter(*where) if len(where) > 1 else lambda named, i=where[0]: (named[i],))
+                           for step, where in self.steps)
         self.scratch = scratch
         self.device_index = like.device.index
         self.native = None  # the C++ pass's id, registered once every launch has a C++ one
