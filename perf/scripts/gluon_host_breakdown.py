@@ -10,7 +10,9 @@ dispatcher, then our Python), ``flash_gluon.flash_backward`` without the dispatc
 plan's key, the plan's call, its three launches alone, its five allocations alone, and
 torch's flash and cuDNN ops on the same tensors.  Each row: the median over 7 rounds of 600
 calls of the host's time per call (nothing waits for the GPU inside a round).  Once with the
-call graphs on and once off; then cProfile of 3000 backward ops.
+call graphs on and once off; then cProfile of 3000 backward ops.  With
+``LLM_SYSTEMS_NATIVE_LAUNCH=1`` every launch goes through the C++ launcher, and with the
+graphs off a plan's whole call is one C++ pass (a row of its own).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import statistics
 
 import torch
 
-from impl.attention import call_graphs, custom_ops
+from impl.attention import call_graphs, custom_ops, native_launch
 from impl.attention import flash_gluon as fg
 from impl.attention.host_plans import as_4d
 from perf.lib.measure import host_and_wall_us_per_call
@@ -60,6 +62,9 @@ def rows(sets):
     fg.flash_backward(*sets[0], True, SCALE)
     plan = fg._PLANS.plans[fg._key("bwd", sets[0], True, SCALE, (False, 0))]
     out["plan bwd call"] = lambda s: plan(*s)
+    if plan.native is not None:  # call graphs off, LLM_SYSTEMS_NATIVE_LAUNCH=1: the whole call in C++
+        stream = torch.cuda.current_stream().cuda_stream
+        out["C++ pass alone"] = lambda s: native_launch.run_pass(plan.native, stream, s)
     delta = torch.empty(B, H, N, device="cuda")
     acc = torch.empty(B, H, N, D, device="cuda")
     dq, dk, dv = (torch.empty_strided(t.shape, st, dtype=t.dtype, device="cuda") for t, st in zip(sets[0][:3], plan.strides))
@@ -101,11 +106,12 @@ def rows(sets):
 
 def main():
     sets = input_sets()
-    table = rows(sets)
     for enabled in (True, False):
         call_graphs.ENABLED = enabled
         call_graphs.clear()
-        print(f"--- call graphs ENABLED={enabled}")
+        fg._PLANS.clear()  # plans built afresh: with graphs off (and the C++ launcher on) they take a C++ pass
+        table = rows(sets)
+        print(f"--- call graphs ENABLED={enabled}, C++ launcher {'on' if native_launch.enabled() else 'off'}")
         for name, fn in table.items():
             fn(sets[0])
             fn(sets[1])
