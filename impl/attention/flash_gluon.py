@@ -1087,11 +1087,11 @@ class _Pass:
         return None if stream is None else native_launch.run_pass(self.native, stream, inputs)
 
     def _register_native(self, outputs: tuple) -> None:
-        """After a call through Python bound every launch: the whole call as one C++ pass, where
-        the tensors need no view or copy and no call graph would take the call.  ``outputs``:
-        (shape, strides, dtype) of each."""
+        """After a call through Python bound every launch (once a plan): the whole call as one C++
+        pass, where the launcher is on, the tensors need no view or copy and no call graph would
+        take the call.  ``outputs``: (shape, strides, dtype) of each."""
         self.native_tried = True
-        if self.plain and not call_graphs.ENABLED:
+        if self.plain and not call_graphs.ENABLED and native_launch.enabled():
             self.native = native_launch.register_pass(self.N_INPUTS, self.steps, outputs, self.scratch)
 
 
@@ -1165,7 +1165,7 @@ class _ForwardPlan(_Pass):
         if self.inputs_only_key:
             key = key[:3]
         self._issue(key, (q4, k4, v4, o, lse))  # O by pointer, its strides fixed in the launch
-        if not self.native_tried and native_launch.enabled():
+        if not self.native_tried:
             self._register_native(((tuple(q.shape), self.o_strides, q.dtype),
                                    (tuple(self.lse_shape), lse.stride(), torch.float32)))
         return o, lse
@@ -1278,7 +1278,7 @@ class _BackwardPlan(_Pass):
         if self.inputs_only_key:
             key = key[:6]
         self._issue(key, (q4, k4, v4, o4, lse, do4, dq4, dk4, dv4))
-        if not self.native_tried and native_launch.enabled():
+        if not self.native_tried:
             self._register_native(tuple((tuple(t.shape), s, t.dtype) for t, s in zip((q, k, v), self.strides)))
         return dq, dk, dv
 
