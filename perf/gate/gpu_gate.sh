@@ -44,8 +44,12 @@ status_of() { if [ "$1" -eq 0 ]; then echo pass; elif [ "$1" -eq -1 ]; then echo
 last_line() { if [ -f "$1" ]; then tail -n 1 "$1"; fi; }
 
 # GATE_PYTEST_ARGS: pytest arguments for the properties and conformance runs (default "-n <cores, at most 16>
-# --dist worksteal": an idle worker takes tests queued behind a slow one; with xdist's default
-# split one worker drew the isolation selftests' hangs and ran 188 s while the others ran 45).
+# --dist load --maxschedchunk 1"): each worker gets one test more as each of its tests ends, and
+# perf/gate/longest_first.py orders the collection longest first by the last run's seconds
+# (perf/gate/durations.json), which makes that close to longest-first scheduling; modelled on runs
+# 29 and 30, the kernels' stage 230 -> 176 s and conformance 265 -> 188 s.  Before it, worksteal
+# (an idle worker takes tests queued behind a slow one; with xdist's default load split, in big
+# chunks, one worker drew the isolation selftests' hangs and ran 188 s while the others ran 45).
 # GATE_SHARDS: the kernels' laws run as this many independent shards each (default 4), so
 # xdist workers share one law's examples (pytest --shards).
 # GATE_STAGES: the stages to run (default properties conformance perf, plus distributed on 2+ GPUs); a stage left out is reported as not run
@@ -56,13 +60,14 @@ DEFAULT_STAGES="properties conformance perf"
 [ "$NGPU" -ge 4 ] && DEFAULT_STAGES="$DEFAULT_STAGES distributed4"
 STAGES=" ${GATE_STAGES:-$DEFAULT_STAGES} "
 CORES=$(nproc); [ "$CORES" -gt 16 ] && CORES=16
-PYTEST_ARGS=${GATE_PYTEST_ARGS:--n $CORES --dist worksteal}
+PYTEST_ARGS=${GATE_PYTEST_ARGS:--n $CORES --dist load --maxschedchunk 1}
 SHARDS=${GATE_SHARDS:-4}
 RC_PROPS=-1; RC_CONF=-1; RC_PERF=-1; RC_DIST=-1; RC_DIST4=-1
 T_PROPS=-; PROPS_SPLIT=""; T_CONF=-; T_PERF=-; T_DIST=-; T_DIST4=-
 # Every pytest stage logs each test as it ends (outcome, seconds, Triton compiles; a
 # failure's report): a run cut by a time limit still says what failed and where time went.
-PROGRESS=(-p perf.gate.progress_log)
+# Its tests run longest first (the last run's seconds; refresh: python -m perf.gate.longest_first DIRS).
+PROGRESS=(-p perf.gate.progress_log -p perf.gate.longest_first)
 KERNELS="triton or gluon"  # the kernels the gate exists for: their laws in the gate profile, sharded
 # A Gluon mutant whose barrier waits on a phase that never comes hangs its child process:
 # 40 s is past any mutant run that finishes (perf/results/2026-11-27-h200-gluon-attention/).
