@@ -90,6 +90,7 @@ if [[ "$STAGES" == *" properties "* ]]; then
   T_WARM=$((SECONDS - T0))
   GATE_PROGRESS="$OUTDIR/progress-kernels" python3 -m pytest properties --device cuda $PYTEST_ARGS -k "$KERNELS" \
     --hypothesis-profile "$PROFILE" --shards "$SHARDS" -p no:cacheprovider -q "${PROGRESS[@]}" \
+    -p conformance.margins --margins-out "$OUTDIR/margins-kernels" \
     --junitxml "$OUTDIR/properties-kernels.xml" 2>&1 | tee -a "$OUTDIR/properties.log"
   RC=${PIPESTATUS[0]}; [ $RC_PROPS -eq 0 ] && RC_PROPS=$RC
   T_PROPS=$((SECONDS - T0))

@@ -29,9 +29,10 @@ step probe "${PROBE_S:-300}" python perf/scripts/gluon_probe.py
 # not finished at 380 s on an H200, with 12 it took 216 s (perf/results/2026-11-28-hopper-gluon-split-kv).
 # Since each law spends its 60 s budget on draws (compiling is left out of its estimate of the next
 # example), it took 393 s on a fresh H200 with the hang limit at 150 s (perf/results/2026-11-28-h200-gluon-law-clock).
-# The progress log names every finished test with its seconds and Triton's compiling (a cut step too).
+# The progress log names every finished test with its seconds and Triton's compiling (a cut step too);
+# margins/margins.md, how close each law came to the oracle's bound on our kernel (bf16 on the GPU).
 step laws "${LAWS_S:-480}" env GATE_PROGRESS="$OUT/progress" python -m pytest -n 12 -p no:cacheprovider -q \
-    -p perf.gate.progress_log --device cuda --hypothesis-profile ci \
+    -p perf.gate.progress_log -p conformance.margins --margins-out "$OUT/margins" --device cuda --hypothesis-profile ci \
     properties/test_attention.py conformance/spec/test_attention.py conformance/selftests/test_mutants.py \
     -k "gluon or v_slot_freed or ready_phase or rescale_skipped or last_dq or discarded_split or q_freed or graph_keyed" -rfEsp --conformance-report "$OUT/report"
 common=(--device cuda --dtypes bf16 --impls gluon triton sdpa_flash sdpa_cudnn --rounds 3 --no-plots)
