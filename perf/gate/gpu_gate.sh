@@ -157,6 +157,8 @@ fi
 for dir in "$OUTDIR"/progress-*/; do
   [ -d "$dir" ] && python3 -m perf.gate.progress_log "$dir" > "${dir%/}.txt" 2>&1
 done
+# this run's seconds a test, for the next run's order (copy over perf/gate/durations.json to keep them)
+ls -d "$OUTDIR"/progress-*/ >/dev/null 2>&1 && python3 -m perf.gate.longest_first "$OUTDIR"/progress-*/ > "$OUTDIR/durations.json" 2>&1
 
 echo
 echo "================ GPU gate summary ($GPU) ================"
