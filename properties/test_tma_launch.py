@@ -6,6 +6,7 @@ cuTensorMapEncodeTiled by a function that returns its arguments."""
 from __future__ import annotations
 
 import os
+import sysconfig
 import types
 
 import pytest
@@ -227,13 +228,15 @@ def test_the_native_launcher_is_off_unless_asked_for(monkeypatch):
 
 def _built_extension():
     """The C++ launcher, built here (a CPU build: ``describe`` needs no driver); skipped only
-    where there is no C++ compiler, so a source that does not compile fails."""
+    where there is no C++ compiler or no Python headers, so a source that does not compile fails."""
     import shutil
 
     from impl.attention import native_launch
 
     if not any(shutil.which(cxx) for cxx in (os.environ.get("CXX", "c++"), "c++", "g++")):
         pytest.skip("needs a C++ compiler to build impl/attention/csrc/native_launch.cpp")
+    if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+        pytest.skip("needs Python's headers (Python.h) to build impl/attention/csrc/native_launch.cpp")
     return native_launch._build()
 
 
