@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from perf.gate import progress_log
+
 DURATIONS = Path(__file__).with_name("durations.json")
 MIN_SECONDS = 5.0  # shorter tests are left out of the file: their order hardly moves a stage's end
 
@@ -85,15 +87,9 @@ def durations_from(directories) -> dict:
     """{node id: seconds} of every test at least MIN_SECONDS long in the progress logs (the
     longest where a test ran more than once), longest first."""
     seconds: dict = {}
-    for directory in directories:
-        for path in sorted(Path(directory).glob("progress-*.jsonl")):
-            for line in path.read_text().splitlines():
-                try:
-                    entry = json.loads(line)
-                except ValueError:  # a line cut by a time limit
-                    continue
-                if entry.get("when") == "call" and entry.get("seconds", 0) >= MIN_SECONDS:
-                    seconds[entry["test"]] = max(seconds.get(entry["test"], 0.0), entry["seconds"])
+    for entry in (row for directory in directories for row in progress_log.read(directory)):
+        if entry.get("when") == "call" and entry.get("seconds", 0) >= MIN_SECONDS:
+            seconds[entry["test"]] = max(seconds.get(entry["test"], 0.0), entry["seconds"])
     return dict(sorted(seconds.items(), key=lambda kv: -kv[1]))
 
 

@@ -62,10 +62,20 @@ def pytest_runtest_logreport(report):
     _file.write(json.dumps(line) + "\n")
 
 
-def summarise(directory: str) -> str:
+def read(directory) -> list[dict]:
+    """Every line the workers wrote under ``directory`` (a last line cut by a time limit left out)."""
     rows = []
     for path in sorted(Path(directory).glob("progress-*.jsonl")):
-        rows += [json.loads(s) for s in path.read_text().splitlines() if s.strip()]
+        for text in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(text))
+            except ValueError:
+                continue
+    return rows
+
+
+def summarise(directory: str) -> str:
+    rows = read(directory)
     rows.sort(key=lambda r: -r["seconds"])
     total = sum(r["seconds"] for r in rows)
     compile_s = sum(r["compile_seconds"] for r in rows)

@@ -49,5 +49,7 @@ def test_progress_log_writes_each_test_as_it_ends_and_names_failures(tmp_path, m
     lines = [json.loads(s) for s in (tmp_path / "progress-gw7.jsonl").read_text().splitlines()]
     assert [(r["test"], r["outcome"], r["compiled"]) for r in lines] == [("t.py::test_a", "passed", 1), ("t.py::test_b", "failed", 0)]
     assert lines[0]["compile_seconds"] == 2.5 and lines[0]["kernels"] == {"_flash_fwd_kernel": 1}
+    with open(tmp_path / "progress-gw7.jsonl", "a") as f:
+        f.write('{"test": "t.py::test_c", "when": "ca')  # a line cut by the stage's time limit
     summary = progress_log.summarise(str(tmp_path))
     assert "2 tests" in summary and "FAILED t.py::test_b" in summary and "AssertionError: O off" in summary
