@@ -22,11 +22,23 @@
 
 #include <deque>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace {
+
+// A caller's error as std::runtime_error (RuntimeError in Python), not TORCH_CHECK's c10::Error: pybind
+// turns an exception into Python's with what(), and c10::Error's what() symbolises a C++ backtrace, which
+// crashed the process on a GPU host (torch 2.11): the test of a pass given too few inputs died of SIGSEGV.
+template <typename... Parts>
+void require(bool ok, const Parts&... parts) {
+  if (ok) return;
+  std::ostringstream text;
+  (text << ... << parts);
+  throw std::runtime_error(text.str());
+}
 
 enum Kind : int64_t { PTR = 0, DESC = 1, WORD = 2 };
 constexpr int MAX_RANK = 5;
@@ -85,8 +97,8 @@ std::mutex specs_mutex;
 
 int64_t register_launch(int64_t function, std::vector<int64_t> grid, int64_t num_warps, int64_t num_ctas,
                         int64_t shared, bool pdl, bool cooperative, std::vector<std::vector<int64_t>> slots) {
-  TORCH_CHECK(grid.size() == 3, "native_launch: a grid has 3 dimensions, got ", grid.size());
-  TORCH_CHECK(num_ctas >= 1 && num_warps >= 1, "native_launch: num_ctas and num_warps must be positive");
+  require(grid.size() == 3, "native_launch: a grid has 3 dimensions, got ", grid.size());
+  require(num_ctas >= 1 && num_warps >= 1, "native_launch: num_ctas and num_warps must be positive");
   Spec s;
   s.function = reinterpret_cast<CUfunction>(function);
   for (int i = 0; i < 3; ++i) s.grid[i] = static_cast<unsigned>(grid[i]);
@@ -97,8 +109,8 @@ int64_t register_launch(int64_t function, std::vector<int64_t> grid, int64_t num
   s.cooperative = cooperative;
   int params = 0, maps = 0;
   for (const auto& v : slots) {
-    TORCH_CHECK(v.size() == SLOT_FIELDS, "native_launch: a slot has ", SLOT_FIELDS, " fields, got ", v.size());
-    TORCH_CHECK(v[0] == PTR || v[0] == DESC || v[0] == WORD, "native_launch: unknown slot kind ", v[0]);
+    require(v.size() == SLOT_FIELDS, "native_launch: a slot has ", SLOT_FIELDS, " fields, got ", v.size());
+    require(v[0] == PTR || v[0] == DESC || v[0] == WORD, "native_launch: unknown slot kind ", v[0]);
     Slot slot{v[0], v[1], static_cast<uint64_t>(v[2]), static_cast<int>(v[3]), static_cast<int>(v[4]),
               static_cast<int>(v[5]), {}};
     for (int i = 0; i < MAX_RANK; ++i) slot.box[i] = static_cast<cuuint32_t>(v[6 + i]);
@@ -106,7 +118,7 @@ int64_t register_launch(int64_t function, std::vector<int64_t> grid, int64_t num
     maps += slot.kind == DESC;
     s.slots.push_back(slot);
   }
-  TORCH_CHECK(params <= MAX_PARAMS && maps <= MAX_MAPS, "native_launch: more parameters than this launcher holds");
+  require(params <= MAX_PARAMS && maps <= MAX_MAPS, "native_launch: more parameters than this launcher holds");
   std::lock_guard<std::mutex> lock(specs_mutex);
   specs.push_back(std::move(s));
   return static_cast<int64_t>(specs.size() - 1);
@@ -116,7 +128,7 @@ namespace {
 
 const Spec& spec_of(int64_t id) {
   std::lock_guard<std::mutex> lock(specs_mutex);
-  TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(specs.size()), "native_launch: no launch registered as ", id);
+  require(id >= 0 && id < static_cast<int64_t>(specs.size()), "native_launch: no launch registered as ", id);
   return specs[id];  // a deque's elements stay where they are
 }
 
@@ -133,7 +145,7 @@ struct MapArgs {
 
 MapArgs map_args(const Slot& slot, const at::Tensor& t) {
   const int rank = static_cast<int>(t.dim());
-  TORCH_CHECK(rank >= 1 && rank <= MAX_RANK, "native_launch: a descriptor over a ", rank, "-D tensor");
+  require(rank >= 1 && rank <= MAX_RANK, "native_launch: a descriptor over a ", rank, "-D tensor");
   MapArgs m{};
   m.elem_type = static_cast<CUtensorMapDataType>(slot.elem_type);
   m.rank = static_cast<cuuint32_t>(rank);
@@ -163,7 +175,7 @@ int fill_params(const Spec& s, int64_t id, const std::vector<at::Tensor>& tensor
       push_word(slot.value);
       continue;
     }
-    TORCH_CHECK(slot.tensor >= 0 && slot.tensor < static_cast<int64_t>(tensors.size()), "native_launch: launch ", id,
+    require(slot.tensor >= 0 && slot.tensor < static_cast<int64_t>(tensors.size()), "native_launch: launch ", id,
                 " takes tensor ", slot.tensor, " and was given ", tensors.size());
     const at::Tensor& t = tensors[slot.tensor];
     if (slot.kind == PTR) {
@@ -283,14 +295,14 @@ std::deque<Pass> passes;
 
 const Pass& pass_of(int64_t id) {
   std::lock_guard<std::mutex> lock(specs_mutex);
-  TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(passes.size()), "native_launch: no pass registered as ", id);
+  require(id >= 0 && id < static_cast<int64_t>(passes.size()), "native_launch: no pass registered as ", id);
   return passes[id];
 }
 
 // Allocates the outputs (returned) and the scratch, then hands each launch its tensors.
 template <typename Issue>
 std::vector<at::Tensor> run_with(const Pass& p, const std::vector<at::Tensor>& inputs, Issue issue) {
-  TORCH_CHECK(inputs.size() == p.n_inputs, "native_launch: a pass of ", p.n_inputs, " inputs was given ",
+  require(inputs.size() == p.n_inputs, "native_launch: a pass of ", p.n_inputs, " inputs was given ",
               inputs.size());
   const auto options = inputs[0].options();
   std::vector<at::Tensor> all(inputs);
@@ -314,14 +326,14 @@ int64_t register_pass(int64_t n_inputs, std::vector<int64_t> launches, std::vect
                       std::vector<std::vector<int64_t>> out_sizes, std::vector<std::vector<int64_t>> out_strides,
                       std::vector<at::ScalarType> out_dtypes, std::vector<std::vector<int64_t>> scratch_sizes,
                       std::vector<at::ScalarType> scratch_dtypes) {
-  TORCH_CHECK(n_inputs >= 1, "native_launch: a pass takes at least one input");
-  TORCH_CHECK(launches.size() == bindings.size(), "native_launch: one binding list per launch");
-  TORCH_CHECK(out_sizes.size() == out_strides.size() && out_sizes.size() == out_dtypes.size(),
+  require(n_inputs >= 1, "native_launch: a pass takes at least one input");
+  require(launches.size() == bindings.size(), "native_launch: one binding list per launch");
+  require(out_sizes.size() == out_strides.size() && out_sizes.size() == out_dtypes.size(),
               "native_launch: each output needs sizes, strides and a dtype");
-  TORCH_CHECK(scratch_sizes.size() == scratch_dtypes.size(), "native_launch: each scratch buffer needs a dtype");
+  require(scratch_sizes.size() == scratch_dtypes.size(), "native_launch: each scratch buffer needs a dtype");
   const int64_t n_all = n_inputs + static_cast<int64_t>(out_sizes.size() + scratch_sizes.size());
   for (const auto& b : bindings)
-    for (int64_t i : b) TORCH_CHECK(i >= 0 && i < n_all, "native_launch: a binding names tensor ", i, " of ", n_all);
+    for (int64_t i : b) require(i >= 0 && i < n_all, "native_launch: a binding names tensor ", i, " of ", n_all);
   for (int64_t id : launches) spec_of(id);  // each registered
   std::lock_guard<std::mutex> lock(specs_mutex);
   passes.push_back(Pass{static_cast<size_t>(n_inputs), std::move(launches), std::move(bindings), std::move(out_sizes),
