@@ -294,3 +294,116 @@ def test_a_cpp_pass_allocates_its_outputs_and_scratch_and_hands_each_launch_its_
         ext.describe_pass(pass_id, [a])
     with pytest.raises(RuntimeError, match="a binding names tensor 5 of 4"):
         ext.register_pass(2, [launch_id], [[0, 5]], [[4, 2]], [[1, 4]], [torch.bfloat16], [[3]], [torch.float32])
+
+
+# --------------------------------------------------------------------------- the custom ops' C++ kernels
+
+def _op_inputs(layout="contiguous", dtype=torch.bfloat16, offset=0, shape=(2, 3, 64, 32)):
+    """q, k, v, O, L, dO of a backward call on the CPU (the key reads only their metadata)."""
+    B, H, N, d = shape
+    def one():
+        if layout == "heads_split":  # (B, N, H, d) storage seen as (B, H, N, d), as a model splits heads
+            return torch.zeros(B, N, H, d + offset, dtype=dtype)[..., offset:].transpose(1, 2)
+        return torch.zeros(B, H, N, d + offset, dtype=dtype)[..., offset:]
+    q, k, v, o, do = (one() for _ in range(5))
+    return q, k, v, o, torch.zeros(B, H, N), do
+
+
+# one change each to a backward call: (name, changed tensors, is_causal, scale, deterministic)
+_BASE = dict(tensors=_op_inputs(), is_causal=True, scale=0.125, deterministic=False)
+_CHANGES = {
+    "another shape": dict(tensors=_op_inputs(shape=(2, 3, 80, 32))),
+    "other strides, one tensor": dict(tensors=_op_inputs()[:2] + _op_inputs("heads_split")[2:3] + _op_inputs()[3:]),
+    "another dtype": dict(tensors=_op_inputs(dtype=torch.float16)),
+    "an address off 16 bytes": dict(tensors=_op_inputs(offset=1)),
+    "not causal": dict(is_causal=False),
+    "another scale": dict(scale=0.1),
+    "deterministic mode": dict(deterministic=True),
+}
+
+
+def _keys(ext, call):
+    """(the C++ op's key, the Gluon plan's key) of a backward call."""
+    fg = pytest.importorskip("impl.attention.flash_gluon")
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(call["deterministic"])
+    try:
+        python = fg._backward_key(call["tensors"], call["is_causal"], call["scale"])
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    return ext.op_key(1, list(call["tensors"]), call["is_causal"], call["scale"], call["deterministic"]), python
+
+
+@pytest.mark.parametrize("change", sorted(_CHANGES))
+def test_the_cpp_ops_key_a_call_apart_wherever_the_gluon_plans_do(change):
+    """A C++ op runs the pass bound to its call's key, so that key must tell calls apart wherever
+    the plans' keys do (a coarser one would run another signature's pass): each change that gives
+    the plan another key gives the C++ op another key too; the same call at other (aligned)
+    addresses keeps both."""
+    ext = _built_extension()
+    base_cpp, base_py = _keys(ext, _BASE)
+    again_cpp, again_py = _keys(ext, dict(_BASE, tensors=_op_inputs()))
+    assert again_py == base_py and again_cpp == base_cpp, "the same signature at other addresses changed a key"
+    cpp, py = _keys(ext, dict(_BASE, **_CHANGES[change]))
+    assert py != base_py, f"{change}: the plan's key did not change (this table is stale)"
+    assert cpp != base_cpp, f"{change}: the plan's key changed and the C++ op's did not"
+
+
+# --------------------------------------------------------------------------- on a Hopper GPU
+
+def _hopper():
+    fg = pytest.importorskip("impl.attention.flash_gluon")
+    reason = fg.hopper_reason() if fg.GLUON_IMPORT_ERROR is None else str(fg.GLUON_IMPORT_ERROR)
+    if reason:
+        pytest.skip(f"not run here: {reason}")
+    return fg
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_the_cpp_ops_serve_a_repeated_signature_from_its_pass_as_the_python_kernels_do(monkeypatch, deterministic):
+    """With the C++ launcher on and call graphs off, the custom ops' C++ kernels: a call's first
+    run goes to Python and binds its plan's pass; repeats run the pass from C++ with the Python
+    kernels' results (the same bits; dQ in the non-deterministic mode within the reordering of
+    its float32 sums); a call of another layout is not served by that pass."""
+    from impl.attention import call_graphs, custom_ops
+
+    fg = _hopper()
+    ext = _built_extension()
+    monkeypatch.setenv("LLM_SYSTEMS_NATIVE_LAUNCH", "1")
+    monkeypatch.setattr(call_graphs, "ENABLED", False)
+    fg._PLANS.clear()
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    assert custom_ops.enable_native_ops()
+    try:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        for B, H, N, d, causal, layout in [(2, 3, 128, 64, True, "bhnd"), (1, 4, 300, 128, False, "bhnd"),
+                                           (2, 3, 128, 64, True, "bnhd"), (2, 2, 1000, 64, True, "bnhd")]:
+            def draw():
+                if layout == "bnhd":
+                    return torch.randn(B, N, H, d, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)
+                return torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            q, k, v, do = draw(), draw(), draw(), draw()
+            scale = d ** -0.5
+            want_o, want_lse = fg.flash_forward(q, k, v, causal, scale)
+            want = fg.flash_backward(q, k, v, want_o, want_lse, do, causal, scale)
+            before = ext.op_counts()
+            for call in range(3):
+                o, lse = custom_ops.flash_forward(q, k, v, causal, scale, "gluon")
+                got = custom_ops.flash_backward(q, k, v, o, lse, do, causal, scale, "gluon")
+                where = f"B{B} H{H} N{N} d{d} causal={causal} {layout}, call {call + 1}"
+                assert torch.equal(o, want_o) and torch.equal(lse, want_lse), f"{where}: forward differs"
+                for name, a, b in zip(("dQ", "dK", "dV"), want, got):
+                    assert a.stride() == b.stride(), f"{where}: {name} strides {b.stride()}, not {a.stride()}"
+                    if name == "dQ" and not deterministic:
+                        torch.testing.assert_close(b.float(), a.float(), rtol=2 * 2.0**-8, atol=1e-6, msg=where)
+                    else:
+                        assert torch.equal(a, b), f"{where}: {name} differs"
+            from_cpp, from_python, _ = (after - first for after, first in zip(ext.op_counts(), before))
+            # the Python path above bound nothing: the first op calls go to Python, the repeats to C++
+            assert (from_cpp, from_python) == (4, 2), f"{B, H, N, d, causal, layout}: {from_cpp} calls from C++, " \
+                                                      f"{from_python} through Python"
+    finally:
+        custom_ops.disable_native_ops()
+        torch.use_deterministic_algorithms(previous)
+        fg._PLANS.clear()

@@ -62,6 +62,45 @@ _LIB.impl("flash_forward", _forward, "CompositeExplicitAutograd")
 _LIB.impl("flash_backward", _backward, "CompositeExplicitAutograd")
 
 
+def _pass_of(kind, flavour, tensors, is_causal, scale) -> int:
+    return _kernels(flavour).native_pass(kind, tensors, is_causal, scale) if flavour == "gluon" else -1
+
+
+def _forward_native(q, k, v, is_causal, scale, flavour):
+    """The C++ CUDA kernel's fallback: the outputs, and the C++ pass that served them or -1."""
+    o, lse = _forward(q, k, v, is_causal, scale, flavour)
+    return o, lse, _pass_of("fwd", flavour, (q, k, v), is_causal, scale)
+
+
+def _backward_native(q, k, v, o, lse, grad_o, is_causal, scale, flavour):
+    dq, dk, dv = _backward(q, k, v, o, lse, grad_o, is_causal, scale, flavour)
+    return dq, dk, dv, _pass_of("bwd", flavour, (q, k, v, o, lse, grad_o), is_causal, scale)
+
+
+def enable_native_ops() -> bool:
+    """With the C++ launcher on (``LLM_SYSTEMS_NATIVE_LAUNCH=1``): the ops' CUDA kernels in C++.
+    A call whose Gluon plan has a C++ pass (call graphs off) then runs it with no Python but
+    ``fast_stream``'s check; any other call runs the Python kernel above, through C++.  False
+    (the Python kernels serve CUDA) where the launcher is off or could not be built."""
+    from impl.attention import native_launch
+
+    ext = native_launch.extension()
+    if ext is None:
+        return False
+    from impl.attention.triton_launch import fast_stream
+
+    ext.enable_ops(_forward_native, _backward_native, fast_stream)
+    return True
+
+
+def disable_native_ops() -> None:
+    """The Python kernels serve CUDA again (the C++ kernels removed from the dispatcher)."""
+    from impl.attention import native_launch
+
+    if native_launch.built() is not None:
+        native_launch.built().disable_ops()
+
+
 @torch.library.register_fake(f"{NAMESPACE}::flash_forward")
 def _(q, k, v, is_causal, scale, flavour):
     return _dense_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
@@ -74,6 +113,7 @@ def _(q, k, v, o, lse, grad_o, is_causal, scale, flavour):
 
 flash_forward = torch.ops.llm_systems.flash_forward.default
 flash_backward = torch.ops.llm_systems.flash_backward.default
+NATIVE_OPS = enable_native_ops()
 
 
 class _FlashAttentionOps(torch.autograd.Function):

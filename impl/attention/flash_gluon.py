@@ -1283,9 +1283,26 @@ class _BackwardPlan(_Pass):
         return dq, dk, dv
 
 
+def _forward_key(tensors, is_causal, scale, mutant=0):
+    return _key("fwd", tensors, is_causal, scale, mutant)
+
+
+def _backward_key(tensors, is_causal, scale, mutant=0):
+    return _key("bwd", tensors, is_causal, scale, (torch.are_deterministic_algorithms_enabled(), mutant))
+
+
+def native_pass(kind: str, tensors: tuple, is_causal, scale) -> int:
+    """The C++ pass (``native_launch.register_pass``) of the plan that a call of ``flash_forward``
+    (kind "fwd", tensors q, k, v) or ``flash_backward`` ("bwd", q, k, v, O, L, dO) with these
+    arguments took, or -1: what the custom ops' C++ kernels bind to the call's key."""
+    key = (_forward_key if kind == "fwd" else _backward_key)(tensors, is_causal, scale)
+    plan = None if key is None else _PLANS.plans.get(key)
+    return -1 if plan is None or plan.native is None else plan.native
+
+
 def _forward_plan(q, k, v, is_causal, scale, mutant):
     """(the forward's plan, its key or None)."""
-    key = _key("fwd", (q, k, v), is_causal, scale, mutant)
+    key = _forward_key((q, k, v), is_causal, scale, mutant)
     build = lambda: _ForwardPlan(q, k, v, is_causal, scale, mutant)  # noqa: E731
     return (build() if key is None else _plan(key, build)), key
 
@@ -1297,7 +1314,7 @@ def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None, 
 
 def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: float | None = None, *, mutant: int = 0):
     """dQ, dK, dV of attention(q, k, v) given O, L and dO."""
-    key = _key("bwd", (q, k, v, o, lse, grad_o), is_causal, scale, (torch.are_deterministic_algorithms_enabled(), mutant))
+    key = _backward_key((q, k, v, o, lse, grad_o), is_causal, scale, mutant)
     build = lambda: _BackwardPlan(q, k, v, o, lse, grad_o, is_causal, scale, mutant)  # noqa: E731
     return (build() if key is None else _plan(key, build))(q, k, v, o, lse, grad_o)
 

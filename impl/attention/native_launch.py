@@ -59,6 +59,11 @@ def extension():
     return _EXTENSION[0]
 
 
+def built():
+    """The extension if it was built in this process, else None (builds nothing)."""
+    return _EXTENSION[0] if _EXTENSION else None
+
+
 def _build():
     import triton
     from torch.utils import cpp_extension

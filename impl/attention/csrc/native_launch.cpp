@@ -7,6 +7,7 @@
 //   register_pass(n_inputs, launch ids, bindings, outputs' sizes, strides, dtypes, scratch sizes, dtypes) -> id
 //   run_pass(id, stream, inputs) -> outputs: a call's allocations and launches in one call
 //   describe_pass(id, inputs) -> (outputs, what each launch would pass)
+//   enable_ops(forward, backward, stream_of), disable_ops(): the custom ops' CUDA kernels in C++ (below)
 //
 // A slot is [kind, tensor, value, swizzle, elem_size, elem_type, box0 .. box4]:
 //   PTR   the tensor's data pointer (a CUdeviceptr)
@@ -17,14 +18,17 @@
 // Each parameter is passed as the address of an 8-byte word; the kernel reads as many bytes as its type has
 // (little-endian), as cuLaunchKernelEx does with the launcher's typed locals.
 #include <torch/extension.h>
+#include <torch/library.h>
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -356,6 +360,135 @@ py::tuple describe_pass(int64_t id, const std::vector<at::Tensor>& inputs) {
   return py::make_tuple(outputs, launched);
 }
 
+
+// --- the custom ops' CUDA kernels: a call of a signature that has a pass runs it from here -------------
+//
+// llm_systems::flash_forward / flash_backward (impl/attention/custom_ops.py) get a CUDA kernel here once
+// enable_ops is called.  A call's key holds what the Gluon plans' keys hold (flash_gluon._key: per tensor
+// shape, strides, dtype, device and 16-byte alignment; causal, scale, deterministic mode); where a pass is
+// bound to it and ``stream_of(device)`` gives a stream (the checks of triton_launch.fast_stream), the pass
+// runs with no Python at all but that check.  Otherwise the Python kernel ``forward``/``backward`` runs and
+// returns (outputs..., pass id or -1): the pass its plan took, bound to the key for the next call.
+
+namespace {
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& key) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+    for (int64_t w : key) h = (h ^ static_cast<uint64_t>(w)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+constexpr size_t MAX_BOUND = 4096;  // keys bound to passes; all dropped when full (a property run's shapes)
+
+struct Ops {
+  py::object forward, backward, stream_of;
+  std::unordered_map<std::vector<int64_t>, int64_t, KeyHash> bound;
+  int64_t from_cpp = 0, from_python = 0;
+};
+
+Ops* op_state = nullptr;  // never freed: it holds Python objects, which must not die after the interpreter
+
+std::vector<int64_t> call_key(int64_t kind, const std::vector<at::Tensor>& tensors, bool is_causal, double scale,
+                              bool deterministic) {
+  std::vector<int64_t> key{kind, is_causal, 0, deterministic};
+  static_assert(sizeof(double) == sizeof(int64_t), "a scale's bits in one word");
+  std::memcpy(&key[2], &scale, sizeof(double));
+  for (const at::Tensor& t : tensors) {
+    key.push_back(t.dim());
+    for (int64_t s : t.sizes()) key.push_back(s);
+    for (int64_t s : t.strides()) key.push_back(s);
+    key.push_back(static_cast<int64_t>(t.scalar_type()));
+    key.push_back(static_cast<int64_t>(t.device().type()));
+    key.push_back(t.device().index());
+    key.push_back(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0);
+  }
+  return key;
+}
+
+// The outputs: from the pass bound to the call's key, or from Python (binding the pass it names).
+std::vector<at::Tensor> op_call(int64_t kind, const std::vector<at::Tensor>& inputs, bool is_causal, double scale,
+                                c10::string_view flavour, bool same_dtypes, size_t n_outputs) {
+  py::gil_scoped_acquire gil;  // the autograd engine's device threads call without it
+  require(op_state != nullptr, "native_launch: enable_ops was not called");
+  std::vector<int64_t> key;
+  if (flavour == "gluon" && same_dtypes) {
+    key = call_key(kind, inputs, is_causal, scale, kind == 1 && at::globalContext().deterministicAlgorithms());
+    auto hit = op_state->bound.find(key);
+    if (hit != op_state->bound.end()) {
+      py::object stream = op_state->stream_of(inputs[0].device().index());
+      if (!stream.is_none()) {
+        ++op_state->from_cpp;
+        return run_pass(hit->second, stream.cast<int64_t>(), inputs);
+      }
+    }
+  }
+  ++op_state->from_python;
+  py::list args;
+  for (const at::Tensor& t : inputs) args.append(t);
+  args.append(is_causal);
+  args.append(scale);
+  args.append(std::string(flavour.data(), flavour.size()));
+  py::tuple got = (kind == 0 ? op_state->forward : op_state->backward)(*args);
+  require(got.size() == n_outputs + 1, "native_launch: the Python kernel returned ", got.size(), " values, not ",
+          n_outputs + 1);
+  std::vector<at::Tensor> outputs;
+  for (size_t i = 0; i < n_outputs; ++i) outputs.push_back(got[i].cast<at::Tensor>());
+  const int64_t pass = got[n_outputs].cast<int64_t>();
+  if (!key.empty() && pass >= 0) {
+    if (op_state->bound.size() >= MAX_BOUND) op_state->bound.clear();
+    op_state->bound.emplace(std::move(key), pass);
+  }
+  return outputs;
+}
+
+std::tuple<at::Tensor, at::Tensor> op_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              bool is_causal, double scale, c10::string_view flavour) {
+  auto out = op_call(0, {q, k, v}, is_causal, scale, flavour, true, 2);
+  return {out[0], out[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> op_backward(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& v, const at::Tensor& o,
+                                                           const at::Tensor& lse, const at::Tensor& grad_o,
+                                                           bool is_causal, double scale, c10::string_view flavour) {
+  auto out = op_call(1, {q, k, v, o, lse, grad_o}, is_causal, scale, flavour, grad_o.scalar_type() == q.scalar_type(),
+                     3);
+  return {out[0], out[1], out[2]};
+}
+
+}  // namespace
+
+torch::Library* op_library = nullptr;  // the CUDA kernels' registration: deleting it removes them
+
+// Registers the ops' CUDA kernels (later calls replace the Python callables and unbind every key).
+void enable_ops(py::object forward, py::object backward, py::object stream_of) {
+  if (op_state == nullptr) op_state = new Ops();
+  op_state->forward = std::move(forward);
+  op_state->backward = std::move(backward);
+  op_state->stream_of = std::move(stream_of);
+  op_state->bound.clear();
+  if (op_library == nullptr) {
+    op_library = new torch::Library(torch::Library::IMPL, "llm_systems", c10::DispatchKey::CUDA, __FILE__, __LINE__);
+    op_library->impl("flash_forward", TORCH_FN(op_forward));
+    op_library->impl("flash_backward", TORCH_FN(op_backward));
+  }
+}
+
+// Removes the CUDA kernels (the Python ones serve CUDA again) and unbinds every key.
+void disable_ops() {
+  delete op_library;
+  op_library = nullptr;
+  if (op_state != nullptr) op_state->bound.clear();
+}
+
+// (calls served by a pass from C++, calls that went to Python, keys bound)
+py::tuple op_counts() {
+  if (op_state == nullptr) return py::make_tuple(0, 0, 0);
+  return py::make_tuple(op_state->from_cpp, op_state->from_python, op_state->bound.size());
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_launch", &register_launch);
   m.def("launch", &launch);
@@ -363,4 +496,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_pass", &register_pass);
   m.def("run_pass", &run_pass);
   m.def("describe_pass", &describe_pass);
+  m.def("enable_ops", &enable_ops);
+  m.def("disable_ops", &disable_ops);
+  m.def("op_counts", &op_counts);
+  m.def("op_key", [](int64_t kind, const std::vector<at::Tensor>& tensors, bool is_causal, double scale,
+                     bool deterministic) { return call_key(kind, tensors, is_causal, scale, deterministic); });
 }
