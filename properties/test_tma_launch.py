@@ -364,7 +364,8 @@ def test_the_cpp_ops_serve_a_repeated_signature_from_its_pass_as_the_python_kern
     """With the C++ launcher on and call graphs off, the custom ops' C++ kernels: a call's first
     run goes to Python and binds its plan's pass; repeats run the pass from C++ with the Python
     kernels' results (the same bits; dQ in the non-deterministic mode within the reordering of
-    its float32 sums); a call of another layout is not served by that pass."""
+    its float32 sums); a call of another layout is not served by that pass; bad input raises
+    the Python kernel's error."""
     from impl.attention import call_graphs, custom_ops
 
     fg = _hopper()
@@ -403,6 +404,13 @@ def test_the_cpp_ops_serve_a_repeated_signature_from_its_pass_as_the_python_kern
             # the Python path above bound nothing: the first op calls go to Python, the repeats to C++
             assert (from_cpp, from_python) == (4, 2), f"{B, H, N, d, causal, layout}: {from_cpp} calls from C++, " \
                                                       f"{from_python} through Python"
+        # bad input through the C++ kernel: the Python kernel's own error, not a crash
+        bad = torch.zeros(1, 2, 64, 48, device="cuda", dtype=torch.bfloat16)
+        with pytest.raises(ValueError) as direct:
+            fg.flash_forward(bad, bad, bad, True, 0.125)
+        with pytest.raises(ValueError) as through_op:
+            custom_ops.flash_forward(bad, bad, bad, True, 0.125, "gluon")
+        assert str(direct.value) in str(through_op.value)
     finally:
         custom_ops.disable_native_ops()
         torch.use_deterministic_algorithms(previous)
