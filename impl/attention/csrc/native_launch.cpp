@@ -25,7 +25,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
-#include <sstream>
+#include <type_traits>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -33,13 +33,23 @@
 
 namespace {
 
-// A caller's error as std::runtime_error, its message without c10::Error's C++ backtrace (bindings: guarded).
+// A caller's error as std::runtime_error, its message built without iostreams: on a GPU host (torch 2.11,
+// g++ 13) an ostream insert compiled into this module reached a locale facet of the libstdc++ the process
+// had loaded, not the one it was compiled against, and crashed (SIGSEGV in every error path, caught with
+// a backtrace; TORCH_CHECK's c10::str formats with ostreams too).
+inline std::string piece(const char* text) { return text; }
+inline std::string piece(const std::string& text) { return text; }
+template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+std::string piece(T value) {
+  return std::to_string(value);
+}
+
 template <typename... Parts>
 void require(bool ok, const Parts&... parts) {
   if (ok) return;
-  std::ostringstream text;
-  (text << ... << parts);
-  throw std::runtime_error(text.str());
+  std::string text;
+  ((text += piece(parts)), ...);
+  throw std::runtime_error(text);
 }
 
 enum Kind : int64_t { PTR = 0, DESC = 1, WORD = 2 };
@@ -487,37 +497,20 @@ py::tuple op_counts() {
   return py::make_tuple(op_state->from_cpp, op_state->from_python, op_state->bound.size());
 }
 
-// Every binding raises a C++ error as Python's RuntimeError itself, handing pybind11 an error_already_set:
-// pybind11 otherwise runs the exception translators that every module sharing its internals registered,
-// and one of those crashed the process (SIGSEGV on a GPU host, torch 2.11, whatever the exception's type).
-template <typename R, typename... A>
-auto guarded(R (*f)(A...)) {
-  return [f](A... a) -> R {
-    try {
-      return f(std::forward<A>(a)...);
-    } catch (const py::error_already_set&) {
-      throw;
-    } catch (const std::exception& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
-      throw py::error_already_set();
-    }
-  };
-}
-
 std::vector<int64_t> op_key(int64_t kind, const std::vector<at::Tensor>& tensors, bool is_causal, double scale,
                             bool deterministic) {
   return call_key(kind, tensors, is_causal, scale, deterministic);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("register_launch", guarded(&register_launch));
-  m.def("launch", guarded(&launch));
-  m.def("describe", guarded(&describe));
-  m.def("register_pass", guarded(&register_pass));
-  m.def("run_pass", guarded(&run_pass));
-  m.def("describe_pass", guarded(&describe_pass));
-  m.def("enable_ops", guarded(&enable_ops));
-  m.def("disable_ops", guarded(&disable_ops));
-  m.def("op_counts", guarded(&op_counts));
-  m.def("op_key", guarded(&op_key));
+  m.def("register_launch", &register_launch);
+  m.def("launch", &launch);
+  m.def("describe", &describe);
+  m.def("register_pass", &register_pass);
+  m.def("run_pass", &run_pass);
+  m.def("describe_pass", &describe_pass);
+  m.def("enable_ops", &enable_ops);
+  m.def("disable_ops", &disable_ops);
+  m.def("op_counts", &op_counts);
+  m.def("op_key", &op_key);
 }
