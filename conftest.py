@@ -133,6 +133,16 @@ def device(request) -> torch.device:
     return torch.device(choice)
 
 
+@pytest.fixture
+def gluon_on_hopper():
+    """``impl.attention.flash_gluon``, or the test skipped with the reason this machine cannot run it."""
+    fg = pytest.importorskip("impl.attention.flash_gluon")
+    reason = fg.hopper_reason() if fg.GLUON_IMPORT_ERROR is None else str(fg.GLUON_IMPORT_ERROR)
+    if reason:
+        pytest.skip(f"not run here: {reason}")
+    return fg
+
+
 @pytest.fixture(scope="session")
 def target(request):
     return load_target(request.config.getoption("--target"))

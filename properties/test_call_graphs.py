@@ -154,14 +154,6 @@ def test_keys_of_two_owners_never_meet(policy):
 # --------------------------------------------------------------------------- on a Hopper GPU
 
 
-def _hopper():
-    fg = pytest.importorskip("impl.attention.flash_gluon")
-    reason = fg.hopper_reason() if fg.GLUON_IMPORT_ERROR is None else str(fg.GLUON_IMPORT_ERROR)
-    if reason:
-        pytest.skip(f"not run here: {reason}")
-    return fg
-
-
 def _fwd_bwd_views(fg, q, k, v, do, causal):
     """O, L, dQ, dK, dV of one call, not copied (the caller copies them into kept buffers)."""
     for t in (q, k, v):
@@ -177,13 +169,14 @@ def _fwd_bwd(fg, q, k, v, do, causal):
 
 
 @pytest.mark.parametrize("n, d, causal", [(128, 64, True), (1000, 64, True), (300, 128, False)])
-def test_a_call_repeated_at_its_addresses_replays_graphs_with_the_direct_paths_bits(monkeypatch, n, d, causal):
+def test_a_call_repeated_at_its_addresses_replays_graphs_with_the_direct_paths_bits(monkeypatch, gluon_on_hopper, n, d,
+                                                                                   causal):
     """Forward and backward each recorded once their addresses recur and replayed after: O, L,
     dK and dV the same bits as the direct path's, dQ within the reordering of its float32 sums
     (their TMA reductions land in varying order on either path: at most a rounding flip of the
     bf16 result, 2 ulps allowed).  N 1000 causal: a split forward (its sums are the graph's
     scratch)."""
-    fg = _hopper()
+    fg = gluon_on_hopper
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     for t in (q, k, v):
@@ -211,11 +204,11 @@ def test_a_call_repeated_at_its_addresses_replays_graphs_with_the_direct_paths_b
                 assert torch.equal(a, b), f"call {call + 1}: {name} differs between the direct and the replayed call"
 
 
-def test_a_call_inside_the_callers_own_capture_is_recorded_there_not_by_us(monkeypatch):
+def test_a_call_inside_the_callers_own_capture_is_recorded_there_not_by_us(monkeypatch, gluon_on_hopper):
     """With every call allowed to record at once (SIGHTINGS 0), a call inside the caller's capture
     still records nothing of ours, warns of no failed recording, and the caller's graph replays
     our launches."""
-    fg = _hopper()
+    fg = gluon_on_hopper
     q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     want, _ = fg.flash_forward(q, k, v, True)  # the launch bound (Triton's first call is never recorded)
     call_graphs.clear()

@@ -351,16 +351,10 @@ def test_the_cpp_ops_key_a_call_apart_wherever_the_gluon_plans_do(change):
 
 # --------------------------------------------------------------------------- on a Hopper GPU
 
-def _hopper():
-    fg = pytest.importorskip("impl.attention.flash_gluon")
-    reason = fg.hopper_reason() if fg.GLUON_IMPORT_ERROR is None else str(fg.GLUON_IMPORT_ERROR)
-    if reason:
-        pytest.skip(f"not run here: {reason}")
-    return fg
-
 
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_the_cpp_ops_serve_a_repeated_signature_from_its_pass_as_the_python_kernels_do(monkeypatch, deterministic):
+def test_the_cpp_ops_serve_a_repeated_signature_from_its_pass_as_the_python_kernels_do(monkeypatch, gluon_on_hopper,
+                                                                                            deterministic):
     """With the C++ launcher on and call graphs off, the custom ops' C++ kernels: a call's first
     run goes to Python and binds its plan's pass; repeats run the pass from C++ with the Python
     kernels' results (the same bits; dQ in the non-deterministic mode within the reordering of
@@ -368,7 +362,7 @@ def test_the_cpp_ops_serve_a_repeated_signature_from_its_pass_as_the_python_kern
     the Python kernel's error."""
     from impl.attention import call_graphs, custom_ops
 
-    fg = _hopper()
+    fg = gluon_on_hopper
     ext = _built_extension()
     monkeypatch.setenv("LLM_SYSTEMS_NATIVE_LAUNCH", "1")
     monkeypatch.setattr(call_graphs, "ENABLED", False)
