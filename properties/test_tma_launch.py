@@ -349,6 +349,78 @@ def test_the_cpp_ops_key_a_call_apart_wherever_the_gluon_plans_do(change):
     assert cpp != base_cpp, f"{change}: the plan's key changed and the C++ op's did not"
 
 
+def test_the_cpp_op_kernels_serve_a_repeat_from_the_pass_python_named_and_send_the_rest_to_python():
+    """The ops' C++ dispatch, at the CPU key with Python kernels that record their calls and passes
+    of no launches (no driver needed).  A signature's first call goes to Python, which names a
+    pass; its repeats get that pass's outputs (the registered strides) without Python.  Python
+    serves, and nothing is bound, where the flavour is not Gluon, Python names no pass, dO's dtype
+    is not q's, or the stream check declines; a bound signature in the other deterministic mode
+    is another key; Python's errors reach the caller as they were raised."""
+    from impl.attention import custom_ops
+
+    ext = _built_extension()
+    B, H, N, d = 2, 3, 8, 4
+    dense = [[H * N * d, N * d, d, 1]]
+    bwd_pass = ext.register_pass(6, [], [], [[B, H, N, d]] * 3, dense * 3, [torch.float32] * 3, [], [])
+    fwd_pass = ext.register_pass(3, [], [], [[B, H, N, d], [B, H, N]], dense + [[H * N, N, 1]],
+                                 [torch.float32] * 2, [], [])
+    python_calls, named, stream = [], {"fwd": fwd_pass, "bwd": bwd_pass}, {"now": 7}
+
+    def forward(q, k, v, is_causal, scale, flavour):
+        python_calls.append("fwd")
+        return torch.ones_like(q), torch.ones(q.shape[:-1]), named["fwd"]
+
+    def backward(q, k, v, o, lse, grad_o, is_causal, scale, flavour):
+        python_calls.append("bwd")
+        if flavour == "raise":
+            raise ValueError("attention: the Python kernel's own message")
+        return torch.ones_like(q), torch.ones_like(k), torch.ones_like(v), named["bwd"]
+
+    def backward_op(q, grad_o=None, flavour="gluon", scale=0.5):
+        grad_o = q if grad_o is None else grad_o
+        return custom_ops.flash_backward(q, q, q, q, q[..., 0], grad_o, True, scale, flavour)
+
+    def served(call):
+        """Where ``call`` was served: "python" or "pass" (and the outputs)."""
+        before, counts = len(python_calls), ext.op_counts()
+        out = call()
+        from_cpp = ext.op_counts()[0] - counts[0]
+        assert from_cpp + (len(python_calls) - before) == 1, "a call served twice, or not at all"
+        return ("pass" if from_cpp else "python"), out
+
+    ext.enable_ops(forward, backward, lambda device: stream["now"], on_cpu=True)
+    try:
+        q = torch.zeros(B, H, N, d)
+        assert served(lambda: backward_op(q))[0] == "python"
+        where, (dq, dk, dv) = served(lambda: backward_op(torch.zeros(B, H, N, d)))  # other addresses, same key
+        assert where == "pass" and dq.stride() == tuple(dense[0]) and dq.shape == q.shape
+        assert served(lambda: custom_ops.flash_forward(q, q, q, True, 0.5, "gluon"))[0] == "python"
+        assert served(lambda: custom_ops.flash_forward(q, q, q, True, 0.5, "gluon"))[0] == "pass"
+        assert served(lambda: backward_op(q, scale=0.25))[0] == "python"  # another key: bound by this call
+        assert served(lambda: backward_op(q, scale=0.25))[0] == "pass"
+        for flavour in ("triton", "triton"):  # a pass named, but not for Gluon
+            assert served(lambda: backward_op(q, flavour=flavour))[0] == "python"
+        named["bwd"] = -1
+        other = torch.zeros(B, H, N + 1, d)
+        assert [served(lambda: backward_op(other))[0] for _ in range(2)] == ["python"] * 2  # no pass named
+        named["bwd"] = bwd_pass
+        wide = torch.zeros(B, H, N, d, dtype=torch.float64)
+        assert [served(lambda: backward_op(q, grad_o=wide))[0] for _ in range(2)] == ["python"] * 2
+        stream["now"] = None
+        assert served(lambda: backward_op(q))[0] == "python"  # bound, but the stream check declines
+        stream["now"] = 7
+        previous = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            assert served(lambda: backward_op(q))[0] == "python"
+        finally:
+            torch.use_deterministic_algorithms(previous)
+        with pytest.raises(ValueError, match="the Python kernel's own message"):
+            backward_op(q, flavour="raise")
+    finally:
+        ext.disable_ops()
+
+
 # --------------------------------------------------------------------------- on a Hopper GPU
 
 

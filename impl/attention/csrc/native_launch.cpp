@@ -468,23 +468,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_backward(const at::Tensor& q, 
 
 }  // namespace
 
-torch::Library* op_library = nullptr;  // the CUDA kernels' registration: deleting it removes them
+torch::Library* op_library = nullptr;  // the kernels' registration: deleting it removes them
+bool op_library_on_cpu = false;
 
-// Registers the ops' CUDA kernels (later calls replace the Python callables and unbind every key).
-void enable_ops(py::object forward, py::object backward, py::object stream_of) {
+// Registers the ops' kernels at the CUDA key (``on_cpu``: the CPU key, for checking this dispatch on a
+// machine without a GPU).  A later call replaces the Python callables and unbinds every key.
+void enable_ops(py::object forward, py::object backward, py::object stream_of, bool on_cpu) {
   if (op_state == nullptr) op_state = new Ops();
   op_state->forward = std::move(forward);
   op_state->backward = std::move(backward);
   op_state->stream_of = std::move(stream_of);
   op_state->bound.clear();
+  if (op_library != nullptr && op_library_on_cpu != on_cpu) {
+    delete op_library;
+    op_library = nullptr;
+  }
   if (op_library == nullptr) {
-    op_library = new torch::Library(torch::Library::IMPL, "llm_systems", c10::DispatchKey::CUDA, __FILE__, __LINE__);
+    op_library = new torch::Library(torch::Library::IMPL, "llm_systems",
+                                    on_cpu ? c10::DispatchKey::CPU : c10::DispatchKey::CUDA, __FILE__, __LINE__);
     op_library->impl("flash_forward", TORCH_FN(op_forward));
     op_library->impl("flash_backward", TORCH_FN(op_backward));
+    op_library_on_cpu = on_cpu;
   }
 }
 
-// Removes the CUDA kernels (the Python ones serve CUDA again) and unbinds every key.
+// Removes the kernels (the Python ones serve again) and unbinds every key.
 void disable_ops() {
   delete op_library;
   op_library = nullptr;
@@ -509,7 +517,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_pass", &register_pass);
   m.def("run_pass", &run_pass);
   m.def("describe_pass", &describe_pass);
-  m.def("enable_ops", &enable_ops);
+  m.def("enable_ops", &enable_ops, py::arg("forward"), py::arg("backward"), py::arg("stream_of"),
+        py::arg("on_cpu") = false);
   m.def("disable_ops", &disable_ops);
   m.def("op_counts", &op_counts);
   m.def("op_key", &op_key);
