@@ -10,7 +10,7 @@ OUT=${OUT:-gpu-out}
 S=$OUT/tables
 mkdir -p "$S"
 { nvidia-smi -L; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"; } > "$OUT/device.txt" 2>&1
-STEPS=${STEPS:-probe laws leaderboard b4h16 sweep model}
+STEPS=${STEPS:-probe laws leaderboard b4h16 sweep model step_native}
 # A Gluon mutant whose barrier waits on a phase that never comes hangs its child: declared hung after
 # 40 s without a call starting (compiling not counted), as in the gate; at the default 150 s its two runs
 # were the tier's longest tests (195 and 160 s; at 40 s, 53 and 14 s, and the controls still pass:
@@ -47,10 +47,21 @@ step sweep "${SWEEP_S:-200}" python -m perf.bench.attention "${common[@]}" --seq
 step model "${MODEL_S:-300}" python -m perf.bench.model --device cuda --sizes small --attention sdpa gluon --precision bf16 \
     --modes step --batch 4 --context 256 1024 4096 --steps 20 --warmup 3 --compile off on --cuda-graph off on --no-plots \
     --out "$S/model"
+# The step again, both backends interleaved in one process (perf/scripts/model_step_interleaved.py), with
+# the C++ launcher and its op kernels on and the call graphs off, compiled and eager
+# (perf/results/2026-11-28-h200-native-ops: about 100 s and 20 s on an H200, the extension's build aside).
+if [[ " $STEPS " == *" step_native "* ]]; then
+  for compiled in on off; do
+    STEPS="step_native_$compiled" step "step_native_$compiled" 150 env LLM_SYSTEMS_NATIVE_LAUNCH=1 LLM_SYSTEMS_CALL_GRAPHS=0 \
+        python perf/scripts/model_step_interleaved.py --context 256 1024 4096 --compile "$compiled" \
+        --out "$S/step_native_$compiled"
+  done
+fi
 [ -d "$OUT/progress" ] && python -m perf.gate.progress_log "$OUT/progress" > "$OUT/laws_progress.txt" 2>&1
 [ -f "$S/sweep/attention.json" ] && python perf/scripts/attention_vs_flash.py "$S/sweep/attention.json" --impl gluon > "$S/gluon_vs_flash.md" 2>&1
 cat "$OUT/summary.txt"; tail -3 "$S/gluon_vs_flash.md" 2>/dev/null
 # what comes back from a device is limited in files: the tables travel as one archive
 for t in leaderboard b4h16 sweep; do cp "$S/$t/attention.md" "$S/$t.md" 2>/dev/null; done
 cp "$S/model/model.md" "$S/model.md" 2>/dev/null
+for compiled in on off; do cp "$S/step_native_$compiled/model_interleaved.md" "$S/step_native_$compiled.md" 2>/dev/null; done
 tar czf "$OUT/tables.tgz" -C "$OUT" tables && rm -rf "$S" "$OUT"/leaderboard.log "$OUT"/b4h16.log "$OUT"/sweep.log "$OUT"/model.log
