@@ -17,6 +17,10 @@ Contract
     A pass (``register_pass``, ``run_pass``) is a whole call of a plan: its outputs' and scratch
     allocations and its launches, one call from Python (the Gluon plans take it where call
     graphs are off and the inputs need no view or copy).
+    The custom ops' CUDA kernels (``enable_ops``, wired by ``custom_ops.enable_native_ops``) run a
+    call's pass straight from the dispatcher once Python has named it for the call's key (each
+    tensor's shape, strides, dtype, device and alignment; causal, scale, deterministic mode).
+    Errors raise RuntimeError; their messages are built without iostreams (see ``require``).
     Registrations live as long as the process (a few hundred bytes each, one per Launch and
     plan ever bound).
     Off unless ``LLM_SYSTEMS_NATIVE_LAUNCH=1``; the extension is built on first use with
