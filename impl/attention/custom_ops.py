@@ -85,12 +85,16 @@ def enable_native_ops() -> bool:
     (``LLM_SYSTEMS_CALL_GRAPHS=0``): the ops' CUDA kernels in C++.  A call whose Gluon plan has a
     C++ pass then runs it with no Python but ``fast_stream``'s check; any other call runs the
     Python kernel above, through C++.  False (the Python kernels serve CUDA) where the launcher
-    is off or could not be built, or the graphs are on (no plan has a pass then, and the C++
-    kernel would only add its own call into Python)."""
+    is off or could not be built, the graphs are on (no plan has a pass then, and the C++
+    kernel would only add its own call into Python), or there is no CUDA device (nothing to
+    build the extension for at import)."""
     from impl.attention import call_graphs, native_launch
 
+    # with graphs on no plan has a pass (every call would go to Python); without CUDA nothing to serve
+    if call_graphs.ENABLED or not torch.cuda.is_available():
+        return False
     ext = native_launch.extension()
-    if ext is None or call_graphs.ENABLED:  # with graphs on no plan has a pass: every call would go to Python
+    if ext is None:
         return False
     from impl.attention.triton_launch import fast_stream
 
