@@ -1,47 +1,61 @@
-"""Where the C++ pass's host time goes: per launch of the d64 causal backward plan (B4 H12 N256, bf16),
-host us of ext.launch with its grid zeroed (fill + tensor-map encodes, no driver launch) and
-with its real grid; the number of maps each encodes."""
+"""Where a C++ pass's host time goes: per launch of the Gluon backward plan at the GPT-small
+shape (B4 H12 N256 d64, causal, bf16), the host microseconds of ``launch`` with its grid
+zeroed (the parameters filled and the tensor maps encoded, no driver call) and with its real
+grid, and how many maps it encodes; then the whole pass.  Needs a Hopper GPU.
+
+    PYTHONPATH=. python perf/scripts/native_launch_parts.py
+
+Each figure: the median over 7 rounds of ``host_and_wall_us_per_call``'s host time
+(perf/results/2026-11-28-h200-native-ops/: the driver's launch is about 5 us of each).
+"""
+
+from __future__ import annotations
+
+import math
 import os
-os.environ["LLM_SYSTEMS_NATIVE_LAUNCH"] = "1"
-os.environ["LLM_SYSTEMS_CALL_GRAPHS"] = "0"
-import math, statistics, time
-import torch
-from impl.attention import flash_gluon as fg, native_launch
+import statistics
 
-ext = native_launch.extension()
+os.environ["LLM_SYSTEMS_NATIVE_LAUNCH"] = "1"  # read when the plans are built, below
+os.environ["LLM_SYSTEMS_CALL_GRAPHS"] = "0"  # read at import: a plan takes a C++ pass only with graphs off
+
+import torch  # noqa: E402
+
+from impl.attention import flash_gluon as fg  # noqa: E402
+from impl.attention import native_launch  # noqa: E402
+from perf.lib.measure import host_and_wall_us_per_call  # noqa: E402
+
 B, H, N, D = 4, 12, 256, 64
-S = 1 / math.sqrt(D)
-x = torch.randn(B, N, 3 * H * D, device="cuda", dtype=torch.bfloat16)
-q, k, v = (t.view(B, N, H, D).transpose(1, 2) for t in x.split(H * D, dim=-1))
-o, lse = fg.flash_forward(q, k, v, True, S)
-do = torch.randn_like(o)
-for _ in range(3):
-    fg.flash_backward(q, k, v, o, lse, do, True, S)
-plan = fg._PLANS.plans[fg._key("bwd", (q, k, v, o, lse, do), True, S, (False, 0))]
-print("native pass", plan.native, "plain", plan.plain)
-stream = torch.cuda.current_stream().cuda_stream
-outs = native_launch.run_pass(plan.native, stream, (q, k, v, o, lse, do))
-named = [q, k, v, o, lse, do, *outs] + [torch.empty(s, dtype=dt, device="cuda") for s, dt in plan.scratch]
-torch.cuda.synchronize()
+SCALE = 1 / math.sqrt(D)
 
-def us(fn, n=2000, rounds=7):
-    r = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        r.append((time.perf_counter() - t) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(r)
 
-for step, where in plan.steps:
-    tensors = [named[i] for i in where]
-    spec = native_launch.template(step)
-    zero = ext.register_launch(spec[0], [0, 1, 1], *spec[2:])
-    maps = sum(1 for s in spec[-1] if s[0] == native_launch.DESC)
-    print(f"{step.kernel.fn.__name__ if hasattr(step.kernel,'fn') else step.kernel!s:40.40s} maps {maps} "
-          f"fill+encode {us(lambda: ext.launch(zero, stream, tensors)):6.2f} us  "
-          f"full launch {us(lambda: ext.launch(step.native, stream, tensors), n=300):6.2f} us  "
-          f"describe {us(lambda: ext.describe(step.native, tensors)):6.2f} us")
-print(f"run_pass {us(lambda: native_launch.run_pass(plan.native, stream, (q, k, v, o, lse, do)), n=300):6.2f} us")
-print(f"empty x5 {us(lambda: [torch.empty(8, device='cuda') for _ in range(5)], n=300):6.2f} us")
+def host_us(fn, calls: int) -> float:
+    return statistics.median(host_and_wall_us_per_call(fn, calls)[0] for _ in range(7))
+
+
+def main():
+    ext = native_launch.extension()
+    x = torch.randn(B, N, 3 * H * D, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (t.view(B, N, H, D).transpose(1, 2) for t in x.split(H * D, dim=-1))
+    o, lse = fg.flash_forward(q, k, v, True, SCALE)
+    do = torch.randn_like(o)
+    inputs = (q, k, v, o, lse, do)
+    fg.flash_backward(*inputs, True, SCALE)  # builds the plan and registers its pass
+    plan = fg._PLANS.plans[fg._backward_key(inputs, True, SCALE)]
+    assert plan.native is not None, "the plan took no C++ pass"
+    stream = torch.cuda.current_stream().cuda_stream
+    named = [*inputs, *native_launch.run_pass(plan.native, stream, inputs)]
+    named += [torch.empty(shape, dtype=dtype, device="cuda") for shape, dtype in plan.scratch]
+    for step, where in plan.steps:
+        tensors = [named[i] for i in where]
+        spec = native_launch.template(step)
+        no_grid = ext.register_launch(spec[0], [0, 1, 1], *spec[2:])  # launch() returns before the driver call
+        maps = sum(slot[0] == native_launch.DESC for slot in spec[-1])
+        print(f"{step.kernel.fn.__name__:34s} maps {maps}  "
+              f"fill + encode {host_us(lambda: ext.launch(no_grid, stream, tensors), 2000):6.2f} us  "
+              f"whole launch {host_us(lambda: ext.launch(step.native, stream, tensors), 300):6.2f} us", flush=True)
+    whole = host_us(lambda: ext.run_pass(plan.native, stream, inputs), 300)
+    print(f"{'the pass (allocations and launches)':34s} {whole:6.2f} us")
+
+
+if __name__ == "__main__":
+    main()
