@@ -1,7 +1,10 @@
 """The Gluon flavour's direct launch path hands Triton's C launcher exactly what Triton's own
 tensor-descriptor wrapper would, and encodes each tensor map once per (address, shape,
 strides, encoding).  Checked on the CPU: the C launcher is replaced by a recorder and
-cuTensorMapEncodeTiled by a function that returns its arguments."""
+cuTensorMapEncodeTiled by a function that returns its arguments.  The C++ launcher
+(``native_launch``) passes what the direct path passes; the custom ops' C++ kernels key a
+call apart wherever the Gluon plans do and serve only a repeat from the pass Python named
+(at the CPU key, with passes of no launches); on a Hopper GPU, with the Python kernels' bits."""
 
 from __future__ import annotations
 

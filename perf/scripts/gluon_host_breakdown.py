@@ -113,7 +113,10 @@ def main():
         call_graphs.clear()
         fg._PLANS.clear()  # plans built afresh: with graphs off (and the C++ launcher on) they take a C++ pass
         # the ops' C++ kernels where a plan can have a pass (graphs off), as custom_ops enables them at import
-        custom_ops.disable_native_ops() if enabled else custom_ops.enable_native_ops()
+        if enabled:
+            custom_ops.disable_native_ops()
+        else:
+            custom_ops.enable_native_ops()
         table = rows(sets)
         print(f"--- call graphs ENABLED={enabled}, C++ launcher {'on' if native_launch.enabled() else 'off'}")
         for name, fn in table.items():
