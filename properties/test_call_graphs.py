@@ -209,6 +209,7 @@ def test_a_call_inside_the_callers_own_capture_is_recorded_there_not_by_us(monke
     still records nothing of ours, warns of no failed recording, and the caller's graph replays
     our launches."""
     fg = gluon_on_hopper
+    monkeypatch.setattr(call_graphs, "ENABLED", True)  # whatever LLM_SYSTEMS_CALL_GRAPHS says
     q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     want, _ = fg.flash_forward(q, k, v, True)  # the launch bound (Triton's first call is never recorded)
     call_graphs.clear()

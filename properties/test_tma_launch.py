@@ -222,11 +222,13 @@ def test_scalar_words_hold_the_bits_tritons_launcher_packs():
         native_launch.word("*bf16", 0)
 
 
-def test_the_native_launcher_is_off_unless_asked_for(monkeypatch):
+def test_the_native_launcher_is_on_unless_switched_off(monkeypatch):
     from impl.attention import native_launch
 
     monkeypatch.delenv("LLM_SYSTEMS_NATIVE_LAUNCH", raising=False)
-    assert native_launch.extension() is None
+    assert native_launch.enabled()
+    monkeypatch.setenv("LLM_SYSTEMS_NATIVE_LAUNCH", "0")
+    assert not native_launch.enabled() and native_launch.extension() is None
 
 
 def _built_extension():

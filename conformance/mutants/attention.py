@@ -345,10 +345,13 @@ backward_plan_key_without_grad_output = SimpleNamespace(
     get_flashattention_autograd_function_triton=_backward_plan_key_without_grad_output,
     __name__="mutant:backward_plan_key_without_grad_output")
 
-def _gluon_mutant(name: str):
+def _gluon_mutant(name: str, graphs_on: bool = False):
     def factory():
+        from impl.attention import call_graphs
         from impl.attention.flash_gluon import mutant_function
 
+        if graphs_on:  # the bug lives in the call graphs, off unless LLM_SYSTEMS_CALL_GRAPHS=1: on in its (child) process
+            call_graphs.ENABLED = True
         return mutant_function(name)
 
     return SimpleNamespace(get_flashattention_autograd_function_gluon=factory, __name__=f"mutant:{name}")
@@ -383,14 +386,17 @@ GLUON_BACKWARD_SPECS = (
      "impl's Gluon backward (five products, d 64) stages each tile's dS K partial under the next tile's products "
      "and never adds the last tile's: the last query tile a key tile sees loses that key tile's share of dQ"),
 )
-# The host path's: a call's launches replayed from a CUDA graph (impl/attention/call_graphs.py).
+# The host path's: a call's launches replayed from a CUDA graph (impl/attention/call_graphs.py; the
+# mutant's target switches the graphs on).
 GLUON_HOST_SPECS = (
     ("graph_keyed_without_outputs",
      "impl's Gluon flavour keys the CUDA graphs of a call's launches on the inputs' addresses alone: a call whose "
      "inputs lie where an earlier one's did replays launches that write into the earlier call's outputs"),
 )
-for _name, _ in GLUON_SPECS + GLUON_PERSISTENT_SPECS + GLUON_BACKWARD_SPECS + GLUON_HOST_SPECS:
+for _name, _ in GLUON_SPECS + GLUON_PERSISTENT_SPECS + GLUON_BACKWARD_SPECS:
     globals()[_name] = _gluon_mutant(_name)
+for _name, _ in GLUON_HOST_SPECS:
+    globals()[_name] = _gluon_mutant(_name, graphs_on=True)
 
 MUTANTS = tuple(
     Mutant(m.name, "attention", m.bug, m.caught_by, target=f"{__name__}:{m.name}", flavour="pytorch") for m in SPECS

@@ -26,7 +26,7 @@ Contract
     the launches), while launch hooks are set (a profiler sees every launch), when a launch is
     not bound to Triton's C launcher or needs global scratch, when the device is not the
     current one, when the scratch of one call is over MAX_SCRATCH_BYTES, and when ENABLED is
-    False (``LLM_SYSTEMS_CALL_GRAPHS=0`` in the environment at import).  If recording fails
+    False (the default; ``LLM_SYSTEMS_CALL_GRAPHS=1`` in the environment at import sets it).  If recording fails
     the owner stays direct.
     Bounded: at most MAX_GRAPHS graphs and MAX_KEPT_BYTES of kept scratch a process, the
     least recently used dropped first; ``clear()`` drops them all.  Recording costs far more
@@ -55,7 +55,7 @@ MAX_KEPT_BYTES = 64 << 20  # all graphs' scratch together: memory the caller nev
 MAX_SEEN = 8192
 SIGHTINGS = 2  # direct calls of a key before it is recorded (addresses that recur only in pairs never are)
 FREE_RECORDINGS = 32  # an owner's recordings before its replays must keep pace
-ENABLED = os.environ.get("LLM_SYSTEMS_CALL_GRAPHS", "1") != "0"
+ENABLED = os.environ.get("LLM_SYSTEMS_CALL_GRAPHS", "0") == "1"
 
 _ENTRIES: OrderedDict = OrderedDict()  # (owner id, stream, key) -> _Entry, least recently used first
 _SEEN: OrderedDict = OrderedDict()  # keys called directly -> how often

@@ -1082,7 +1082,10 @@ class _Pass:
         self.graphs.run(key, launch)
 
     def _native_call(self, inputs: tuple):
-        """The outputs from the C++ pass, or None where it is not registered or cannot launch here."""
+        """The outputs from the C++ pass, or None where it cannot launch here or the call graphs
+        were switched on after it was registered (``call_graphs.ENABLED`` is read per call)."""
+        if call_graphs.ENABLED:
+            return None
         stream = fast_stream(self.device_index)
         return None if stream is None else native_launch.run_pass(self.native, stream, inputs)
 

@@ -23,7 +23,7 @@ Contract
     Errors raise RuntimeError; their messages are built without iostreams (see ``require``).
     Registrations live as long as the process (a few hundred bytes each, one per Launch and
     plan ever bound).
-    Off unless ``LLM_SYSTEMS_NATIVE_LAUNCH=1``; the extension is built on first use with
+    On unless ``LLM_SYSTEMS_NATIVE_LAUNCH=0``; the extension is built on first use with
     ``torch.utils.cpp_extension`` (a C++ compiler and Triton's bundled ``cuda.h``); where it
     cannot be built, a warning says why and every Launch keeps Triton's launcher.
 """
@@ -44,7 +44,7 @@ run_pass = None  # the extension's run_pass(id, stream, inputs) -> outputs, once
 
 
 def enabled() -> bool:
-    return os.environ.get("LLM_SYSTEMS_NATIVE_LAUNCH", "0") == "1"
+    return os.environ.get("LLM_SYSTEMS_NATIVE_LAUNCH", "1") != "0"
 
 
 def extension():
