@@ -19,9 +19,11 @@ Contract
     Returns O in the input dtype, dense in q's memory order (as the Triton flavour).
     Saved for backward: q, k, v, O and L = logsumexp of the scaled scores (natural log,
     float32, shape q.shape[:-1], contiguous), the only saved tensor of that shape.
-    Host path: a plan per call signature (validated once); a call that recurs with its tensors
-    at the same addresses replays its launches from a CUDA graph (call_graphs.py: D, dQ's
-    float32 sums and the split forward's partial sums then live with the graph).
+    Host path: a plan per call signature (validated once); its whole call (allocations and
+    launches) is one C++ pass (native_launch.py), unless that is switched off.  With
+    ``LLM_SYSTEMS_CALL_GRAPHS=1`` a call that recurs with its tensors at the same addresses
+    instead replays its launches from a CUDA graph (call_graphs.py: D, dQ's float32 sums and the
+    split forward's partial sums then live with the graph).
 
 Schedule
     Every kernel: one program per tile, split between two consumer warpgroups (the default

@@ -28,7 +28,7 @@ Contract
     makes its TensorDescriptor for Triton's path (None: a plain tensor).  The direct path
     hands Triton's C launcher the encoded tensor map, shape and strides instead (what its
     Python wrapper would), from ``encoded_descriptor``'s cache.
-    With ``LLM_SYSTEMS_NATIVE_LAUNCH=1`` a Launch bound to Triton's C launcher is also
+    Unless ``LLM_SYSTEMS_NATIVE_LAUNCH=0``, a Launch bound to Triton's C launcher is also
     registered with ``native_launch``'s C++ launcher, which then takes its direct calls whole
     (the same parameters, laid out once per Launch).
 """

@@ -7,7 +7,7 @@ As perf/scripts/gluon_host_parts.py does (``calls`` passes with no synchronisati
 loop, rounds interleaving the variants, medians; B1 H1 d64 causal bf16):
 
     sdpa_flash        o.backward(dO) through torch's C++ node (the peer)
-    ours              o.backward(dO) through FlashAttentionGluon (graphs on: the default)
+    ours              o.backward(dO) through FlashAttentionGluon (graphs on, as this script sets them)
     ours_direct       the same with call_graphs.ENABLED off: every launch through Triton's C launcher
     ours_no_work      the Function's backward returns ready gradients: engine and node alone
     fwd_*             the forward: SDPA with torch's choice of backend, SDPA flash (its context
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 from contextlib import nullcontext
 from pathlib import Path
@@ -30,10 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from impl.attention import call_graphs
-from impl.attention import flash_gluon as fg
-from perf.lib.measure import host_and_wall_us_per_call
-from perf.lib.workloads import cuda_attention_inputs
+# what this script measures: the graphs on, and the direct path on Triton's launcher (both read at import)
+os.environ["LLM_SYSTEMS_CALL_GRAPHS"] = "1"
+os.environ["LLM_SYSTEMS_NATIVE_LAUNCH"] = "0"
+from impl.attention import call_graphs  # noqa: E402
+from impl.attention import flash_gluon as fg  # noqa: E402
+from perf.lib.measure import host_and_wall_us_per_call  # noqa: E402
+from perf.lib.workloads import cuda_attention_inputs  # noqa: E402
 
 
 def _timed(ctx, fn):

@@ -48,7 +48,7 @@ step model "${MODEL_S:-300}" python -m perf.bench.model --device cuda --sizes sm
     --modes step --batch 4 --context 256 1024 4096 --steps 20 --warmup 3 --compile off on --cuda-graph off on --no-plots \
     --out "$S/model"
 # The step again, both backends interleaved in one process (perf/scripts/model_step_interleaved.py), with
-# the C++ launcher and its op kernels on and the call graphs off, compiled and eager
+# the C++ launcher and its op kernels on and the call graphs off (the defaults since 2026-11-28), compiled and eager
 # (perf/results/2026-11-28-h200-native-ops: about 100 s and 20 s on an H200, the extension's build aside).
 if [[ " $STEPS " == *" step_native "* ]]; then
   for compiled in on off; do
