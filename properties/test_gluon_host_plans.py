@@ -251,25 +251,12 @@ def _roles(calls, inputs):
     return [(name, grid, {k: role(v) for k, v in args.items()}, options) for name, grid, args, options in calls]
 
 
-@pytest.mark.parametrize("shape_q, n_k, causal, transposed", [
-    ((2, 3, 100, 64), 100, True, False),
-    ((1, 2, 300, 128), 77, False, True),  # (B, N, H, d) storage: outputs in the inputs' layout
-    ((1, 2, 1000, 64), 1000, True, False),  # the forward's keys in 4 splits: the combine and its scratch
-])
-def test_the_native_pass_issues_what_the_python_path_issues(launches, deterministic, monkeypatch, shape_q, n_k, causal,
-                                                             transposed):
-    """With call graphs off and the C++ launcher on, a plan registers its call as one C++ pass
-    (``native_launch.register_pass``) after its first call through Python.  Here ``run_pass``
-    is emulated as csrc/native_launch.cpp does it (outputs by the registered sizes, strides and
-    dtypes; scratch; each launch handed the tensors its binding names), and every launch of the
-    second call, Gluon's and the Triton helpers', must match the first call's."""
-    from impl.attention import flash_triton
-
-    helpers = []
-    for name in TRITON_HELPERS:
-        monkeypatch.setattr(flash_triton, name, _Recorder(getattr(flash_triton, name), helpers,
-                                                          ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
-    registered = []
+@pytest.fixture
+def emulated_passes(monkeypatch):
+    """Call graphs off, the C++ launcher on, and ``native_launch``'s passes emulated as
+    csrc/native_launch.cpp runs them (outputs by the registered sizes, strides and dtypes;
+    scratch; each launch handed the tensors its binding names): (registered passes, ids run)."""
+    registered, runs = [], []
 
     def register_pass(n_inputs, steps, outputs, scratch):
         assert all(step.native is None for step, _ in steps)  # the fake: no C++ launch ids here
@@ -277,6 +264,7 @@ def test_the_native_pass_issues_what_the_python_path_issues(launches, determinis
         return len(registered) - 1
 
     def run_pass(pass_id, stream, inputs):
+        runs.append(pass_id)
         n_inputs, steps, outputs, scratch = registered[pass_id]
         assert len(inputs) == n_inputs and stream == 7
         made = [torch.empty_strided(size, strides, dtype=dtype) for size, strides, dtype in outputs]
@@ -291,7 +279,27 @@ def test_the_native_pass_issues_what_the_python_path_issues(launches, determinis
     monkeypatch.setattr(fg.native_launch, "run_pass", run_pass)
     monkeypatch.setattr(fg, "fast_stream", lambda index: 7)
     monkeypatch.setattr(fg.Launch, "issue", lambda self, stream, *tensors: self._through_triton(tensors))
+    return registered, runs
 
+
+@pytest.mark.parametrize("shape_q, n_k, causal, transposed", [
+    ((2, 3, 100, 64), 100, True, False),
+    ((1, 2, 300, 128), 77, False, True),  # (B, N, H, d) storage: outputs in the inputs' layout
+    ((1, 2, 1000, 64), 1000, True, False),  # the forward's keys in 4 splits: the combine and its scratch
+])
+def test_the_native_pass_issues_what_the_python_path_issues(launches, deterministic, monkeypatch, emulated_passes,
+                                                             shape_q, n_k, causal, transposed):
+    """With call graphs off and the C++ launcher on, a plan registers its call as one C++ pass
+    (``native_launch.register_pass``) after its first call through Python, and every launch of
+    the second call (through the pass), Gluon's and the Triton helpers', must match the first
+    call's."""
+    from impl.attention import flash_triton
+
+    helpers = []
+    for name in TRITON_HELPERS:
+        monkeypatch.setattr(flash_triton, name, _Recorder(getattr(flash_triton, name), helpers,
+                                                          ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
+    registered, runs = emulated_passes
     q, k, v = _inputs(shape_q, n_k, transposed)
     grad_o = torch.randn_like(q)
     recorded = []
@@ -303,5 +311,24 @@ def test_the_native_pass_issues_what_the_python_path_issues(launches, determinis
         assert (o.stride(), dq.stride(), dk.stride(), dv.stride()) == (q.stride(), q.stride(), k.stride(), v.stride())
         named = dict(q=q, k=k, v=v, grad_o=grad_o)
         recorded.append((_roles(launches, named), _roles(helpers, named), lse.shape, lse.dtype))
-    assert len(registered) == 2  # the forward's pass and the backward's
+    assert len(registered) == 2 and runs == [0, 1]  # the forward's pass and the backward's, each run once
     assert recorded[1] == recorded[0]
+
+
+def test_a_plans_pass_gives_way_to_call_graphs_switched_on_later(launches, monkeypatch, emulated_passes):
+    """``call_graphs.ENABLED`` is read on every call: a plan that bound its C++ pass while the
+    graphs were off goes through its graphs once they are switched on, and back to the pass
+    once they are off again (gate run 31: a plan that kept its pass bypassed the graphs)."""
+    registered, runs = emulated_passes
+    q, k, v = _inputs((1, 2, 100, 64), 100, False)
+    fg.flash_forward(q, k, v, True)  # through Python: registers the pass
+    fg.flash_forward(q, k, v, True)
+    assert len(registered) == 1 and runs == [0]
+    monkeypatch.setattr(fg.call_graphs, "ENABLED", True)
+    fg.call_graphs.clear()
+    fg.flash_forward(q, k, v, True)
+    assert runs == [0], "a call with the graphs on ran the C++ pass"
+    assert fg.call_graphs.stats()["direct"] == 1  # the graphs took it (direct on this CPU: nothing to record)
+    monkeypatch.setattr(fg.call_graphs, "ENABLED", False)
+    fg.flash_forward(q, k, v, True)
+    assert runs == [0, 0]

@@ -231,6 +231,18 @@ def test_the_native_launcher_is_on_unless_switched_off(monkeypatch):
     assert not native_launch.enabled() and native_launch.extension() is None
 
 
+def test_a_pass_with_a_launch_on_tritons_launcher_builds_nothing(monkeypatch):
+    """A plan whose launches have no C++ id (no GPU: none was bound to Triton's C launcher) gets
+    no pass, and asking for one must not build the extension (a compile of minutes on a CPU host)."""
+    from impl.attention import native_launch
+
+    built = []
+    monkeypatch.setattr(native_launch, "extension", lambda: built.append(True))
+    steps = ((types.SimpleNamespace(native=3), (0,)), (types.SimpleNamespace(native=None), (0, 1)))
+    assert native_launch.register_pass(1, steps, (((4,), (1,), torch.float32),), ()) is None
+    assert not built
+
+
 def _built_extension():
     """The C++ launcher, built here (a CPU build: ``describe`` needs no driver); skipped only
     where there is no C++ compiler or no Python headers, so a source that does not compile fails."""

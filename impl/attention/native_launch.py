@@ -163,8 +163,10 @@ def register_pass(n_inputs: int, steps: tuple, outputs: tuple, scratch: tuple) -
     binding names, indices into inputs ++ outputs ++ scratch.  ``steps``: ((Launch, binding), ...);
     ``outputs``: ((shape, strides, dtype), ...); ``scratch``: ((shape, dtype), ...).  None where
     the launcher is off or a launch has no C++ id."""
+    if any(step.native is None for step, _ in steps):  # checked first: a plan on Triton's launcher builds nothing
+        return None
     ext = extension()
-    if ext is None or any(step.native is None for step, _ in steps):
+    if ext is None:
         return None
     return ext.register_pass(n_inputs, [step.native for step, _ in steps], [list(b) for _, b in steps],
                              [list(shape) for shape, _, _ in outputs], [list(strides) for _, strides, _ in outputs],
