@@ -345,16 +345,36 @@ backward_plan_key_without_grad_output = SimpleNamespace(
     get_flashattention_autograd_function_triton=_backward_plan_key_without_grad_output,
     __name__="mutant:backward_plan_key_without_grad_output")
 
+def _call_graphs_on() -> None:
+    """The call graphs are off unless LLM_SYSTEMS_CALL_GRAPHS=1; a target whose bug (or whose
+    control) lives in them switches them on, in its process (a Gluon run's own child)."""
+    from impl.attention import call_graphs
+
+    call_graphs.ENABLED = True
+
+
 def _gluon_mutant(name: str, graphs_on: bool = False):
     def factory():
-        from impl.attention import call_graphs
         from impl.attention.flash_gluon import mutant_function
 
-        if graphs_on:  # the bug lives in the call graphs, off unless LLM_SYSTEMS_CALL_GRAPHS=1: on in its (child) process
-            call_graphs.ENABLED = True
+        if graphs_on:
+            _call_graphs_on()
         return mutant_function(name)
 
     return SimpleNamespace(get_flashattention_autograd_function_gluon=factory, __name__=f"mutant:{name}")
+
+
+def _gluon_with_call_graphs():
+    from impl.attention.flash_gluon import FlashAttentionGluon
+
+    _call_graphs_on()
+    return FlashAttentionGluon
+
+
+# The host mutant's second control: impl's Gluon flavour, unbroken, with the graphs on (so its
+# rejection is the key's doing, not the graphs'; and the graphs' replays meet its law in full).
+correct_with_call_graphs = SimpleNamespace(get_flashattention_autograd_function_gluon=_gluon_with_call_graphs,
+                                           __name__="control:correct_with_call_graphs")
 
 
 # The schedule's own bugs, in impl's Gluon kernel (impl/attention/flash_gluon.py, MUTANTS):

@@ -48,8 +48,11 @@ KEPT = {
     "conformance.mutants.composed": ("conformance.laws.composed.laws", "conformance.laws.composed.laws", 4),
 }
 # Mutants sharing a scaffold of their own (a re-implementation with bug switches) have that
-# scaffold, every switch right, as a second control: mutants module -> (name prefix, target).
-SCAFFOLD_CONTROLS = {"conformance.mutants.tensor_parallel": ("ce_", "conformance.mutants.tensor_parallel:ce_right")}
+# scaffold, every switch right, as a second control; so does a mutant whose bug lives behind a
+# switch that is off by default (the call graphs), with the switch on: mutants module -> (name
+# prefix, target).
+SCAFFOLD_CONTROLS = {"conformance.mutants.tensor_parallel": ("ce_", "conformance.mutants.tensor_parallel:ce_right"),
+                     "conformance.mutants.attention": ("graph_", "conformance.mutants.attention:correct_with_call_graphs")}
 MIN_MUTANTS = {"attention": 10, "DDP": 8, "sharded optimizer": 6, "FSDP": 8, "context parallel": 8,
                "tensor parallel": 6, "pipeline parallel": 6, "activation checkpointing": 5, "ring collectives": 4,
                "gradient scaler": 6, "distributed sampler": 3, "composed parallelism": 4}
