@@ -26,8 +26,8 @@ Contract
     the launches), while launch hooks are set (a profiler sees every launch), when a launch is
     not bound to Triton's C launcher or needs global scratch, when the device is not the
     current one, when the scratch of one call is over MAX_SCRATCH_BYTES, and when ENABLED is
-    False (the default; ``LLM_SYSTEMS_CALL_GRAPHS=1`` in the environment at import sets it).  If recording fails
-    the owner stays direct.
+    False (the default; ``LLM_SYSTEMS_CALL_GRAPHS=1`` in the environment at import sets it; it
+    is read on every call).  If recording fails the owner stays direct.
     Bounded: at most MAX_GRAPHS graphs and MAX_KEPT_BYTES of kept scratch a process, the
     least recently used dropped first; ``clear()`` drops them all.  Recording costs far more
     than a direct call (capture and instantiation), so it must be paid back by replays: past

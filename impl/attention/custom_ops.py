@@ -11,8 +11,9 @@ the backward op.  Outside torch.compile it calls the flavour's own autograd.Func
 dispatcher's cost is paid only where compile needs it.
 The fake outputs have the kernels' real strides (dense in the input's memory order; L
 contiguous), as Inductor lays out what follows on them.
-With the C++ launcher on and the call graphs off (the defaults: ``LLM_SYSTEMS_NATIVE_LAUNCH`` not
-``0``, ``LLM_SYSTEMS_CALL_GRAPHS`` not ``1``) the ops' CUDA kernels are C++ (``enable_native_ops``; ``impl/attention/csrc/native_launch.cpp``): a repeated Gluon
+With the C++ launcher on and the call graphs off (the defaults: ``LLM_SYSTEMS_NATIVE_LAUNCH``
+not ``0``, ``LLM_SYSTEMS_CALL_GRAPHS`` not ``1``) the ops' CUDA kernels are C++
+(``enable_native_ops``; ``impl/attention/csrc/native_launch.cpp``): a repeated Gluon
 signature runs its plan's C++ pass without Python.
 """
 
@@ -82,12 +83,11 @@ def _backward_native(q, k, v, o, lse, grad_o, is_causal, scale, flavour):
 
 def enable_native_ops() -> bool:
     """With the C++ launcher on and the call graphs off (both the defaults): the ops' CUDA
-    kernels in C++.  A call whose Gluon plan has a
-    C++ pass then runs it with no Python but ``fast_stream``'s check; any other call runs the
-    Python kernel above, through C++.  False (the Python kernels serve CUDA) where the launcher
-    is off or could not be built, the graphs are on (no plan has a pass then, and the C++
-    kernel would only add its own call into Python), or there is no CUDA device (nothing to
-    build the extension for at import)."""
+    kernels in C++.  A call whose Gluon plan has a C++ pass then runs it with no Python but
+    ``fast_stream``'s check; any other call runs the Python kernel above, through C++.  False
+    (the Python kernels serve CUDA) where the launcher is off or could not be built, the graphs
+    are on (no plan has a pass then, and the C++ kernel would only add its own call into
+    Python), or there is no CUDA device (nothing to build the extension for at import)."""
     from impl.attention import call_graphs, native_launch
 
     # with graphs on no plan has a pass (every call would go to Python); without CUDA nothing to serve
