@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import torch
 
 from conformance.laws.attention.strategies import budget_for
 from perf.gate import progress_log
-from perf.gate.warm_triton_cache import combinations
+from perf.gate.warm_triton_cache import combinations, gluon_cases
 
 
 def test_warm_up_covers_every_head_dim_dtype_and_mask_the_gpu_laws_draw():
@@ -21,6 +22,19 @@ def test_warm_up_covers_every_head_dim_dtype_and_mask_the_gpu_laws_draw():
     assert {layout for *_, layout in todo} == {"contiguous", "strided", "transposed", "misaligned"}
     assert {n for _, n, *_ in todo} == {128, 129}  # keys a tile multiple, and not
     assert len(todo) == len(set(todo))
+
+
+def test_warm_up_covers_the_gluon_budget_and_the_boundary_cases_its_laws_run_first():
+    from conformance.laws.attention.strategies import MANY_ITEMS_BATCH, SPLIT_KEYS_LEN, boundary_cases
+
+    budget = budget_for("gluon", torch.device("cuda"))
+    cases = gluon_cases()
+    assert {(c.d, c.dtype, c.is_causal) for c in cases} == {
+        (d, t, causal) for d in budget.head_dims for t in budget.dtypes for causal in (True, False)}
+    assert {c.layout for c in cases} >= {"contiguous", "strided", "transposed", "misaligned", "mixed"}
+    assert all(c in cases for c in boundary_cases(budget, "gluon"))
+    assert any(c.batch == MANY_ITEMS_BATCH and c.n_q == SPLIT_KEYS_LEN for c in cases)  # persistent grids
+    assert any(math.prod(c.batch) == 1 and c.n_k == SPLIT_KEYS_LEN for c in cases)  # a split-KV grid
 
 
 def _report(nodeid, outcome, when="call", longrepr=None):
