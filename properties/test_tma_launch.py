@@ -366,6 +366,21 @@ def test_the_cpp_ops_key_a_call_apart_wherever_the_gluon_plans_do(change):
     assert cpp != base_cpp, f"{change}: the plan's key changed and the C++ op's did not"
 
 
+def test_the_cpp_op_kernels_decline_their_passes_while_the_call_graphs_are_on(monkeypatch):
+    """The stream check the C++ op kernels call before a bound pass (``custom_ops._stream_for_pass``)
+    reads ``call_graphs.ENABLED`` on every call, as the plans do: graphs switched on after a key
+    was bound send its calls to Python (its plan, its graphs), and off again, back to the pass."""
+    from impl.attention import call_graphs, custom_ops, triton_launch
+
+    monkeypatch.setattr(triton_launch, "fast_stream", lambda index: 7 + index)
+    monkeypatch.setattr(call_graphs, "ENABLED", False)
+    assert custom_ops._stream_for_pass(0) == 7
+    monkeypatch.setattr(call_graphs, "ENABLED", True)
+    assert custom_ops._stream_for_pass(0) is None
+    monkeypatch.setattr(call_graphs, "ENABLED", False)
+    assert custom_ops._stream_for_pass(1) == 8
+
+
 def test_the_cpp_op_kernels_serve_a_repeat_from_the_pass_python_named_and_send_the_rest_to_python():
     """The ops' C++ dispatch, at the CPU key with Python kernels that record their calls and passes
     of no launches (no driver needed).  A signature's first call goes to Python, which names a

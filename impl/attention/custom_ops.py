@@ -23,6 +23,7 @@ import math
 
 import torch
 
+from impl.attention import call_graphs, native_launch, triton_launch
 from impl.attention.host_plans import dense_strides_like
 
 NAMESPACE = "llm_systems"
@@ -81,31 +82,32 @@ def _backward_native(q, k, v, o, lse, grad_o, is_causal, scale, flavour):
     return dq, dk, dv, _pass_of("bwd", flavour, (q, k, v, o, lse, grad_o), is_causal, scale)
 
 
+def _stream_for_pass(device_index: int):
+    """The C++ kernels' check before a bound pass: None (the call goes to Python) while the call
+    graphs are on, read per call as the plans read it; else ``fast_stream``'s answer."""
+    return None if call_graphs.ENABLED else triton_launch.fast_stream(device_index)
+
+
 def enable_native_ops() -> bool:
     """With the C++ launcher on and the call graphs off (both the defaults): the ops' CUDA
     kernels in C++.  A call whose Gluon plan has a C++ pass then runs it with no Python but
-    ``fast_stream``'s check; any other call runs the Python kernel above, through C++.  False
-    (the Python kernels serve CUDA) where the launcher is off or could not be built, the graphs
-    are on (no plan has a pass then, and the C++ kernel would only add its own call into
-    Python), or there is no CUDA device (nothing to build the extension for at import)."""
-    from impl.attention import call_graphs, native_launch
-
+    its stream check (``_stream_for_pass``); any other call runs the Python kernel above,
+    through C++.  False (the Python kernels serve CUDA) where the launcher is off or could not
+    be built, the graphs are on (no plan has a pass then, and the C++ kernel would only add its
+    own call into Python), or there is no CUDA device (nothing to build the extension for at
+    import)."""
     # with graphs on no plan has a pass (every call would go to Python); without CUDA nothing to serve
     if call_graphs.ENABLED or not torch.cuda.is_available():
         return False
     ext = native_launch.extension()
     if ext is None:
         return False
-    from impl.attention.triton_launch import fast_stream
-
-    ext.enable_ops(_forward_native, _backward_native, fast_stream)
+    ext.enable_ops(_forward_native, _backward_native, _stream_for_pass)
     return True
 
 
 def disable_native_ops() -> None:
     """The Python kernels serve CUDA again (the C++ kernels removed from the dispatcher)."""
-    from impl.attention import native_launch
-
     if native_launch.built() is not None:
         native_launch.built().disable_ops()
 
