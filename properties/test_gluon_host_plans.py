@@ -277,9 +277,37 @@ def emulated_passes(monkeypatch):
     monkeypatch.setenv("LLM_SYSTEMS_NATIVE_LAUNCH", "1")
     monkeypatch.setattr(fg.native_launch, "register_pass", register_pass)
     monkeypatch.setattr(fg.native_launch, "run_pass", run_pass)
+    monkeypatch.setattr(fg.native_launch, "bind", None)  # the Function's C++ keys: see bound_passes
+    monkeypatch.setattr(fg.native_launch, "run_bound", None)
     monkeypatch.setattr(fg, "fast_stream", lambda index: 7)
     monkeypatch.setattr(fg.Launch, "issue", lambda self, stream, *tensors: self._through_triton(tensors))
     return registered, runs
+
+
+@pytest.fixture
+def bound_passes(monkeypatch, emulated_passes):
+    """``emulated_passes`` with the C++ key table emulated as csrc/native_launch.cpp keeps it
+    (``bind``, ``run_bound``: kind, each tensor's signature, causal, scale sent, the deterministic
+    mode for a backward): (bindings made, run_bound's calls as "hit" or "miss")."""
+    table, binds, looks = {}, [], []
+
+    def key(kind, tensors, is_causal, scale):
+        assert type(is_causal) is bool and type(scale) is float  # what the C++ signature converts
+        return (kind, fg.signature(*tensors), is_causal, scale,
+                kind == 1 and torch.are_deterministic_algorithms_enabled())
+
+    def bind(kind, tensors, is_causal, scale, pass_id):
+        binds.append((kind, pass_id))
+        table[key(kind, tensors, is_causal, scale)] = pass_id
+
+    def run_bound(kind, stream, tensors, is_causal, scale):
+        pass_id = table.get(key(kind, tensors, is_causal, scale))
+        looks.append("miss" if pass_id is None else "hit")
+        return None if pass_id is None else fg.native_launch.run_pass(pass_id, stream, tensors)
+
+    monkeypatch.setattr(fg.native_launch, "bind", bind)
+    monkeypatch.setattr(fg.native_launch, "run_bound", run_bound)
+    return binds, looks
 
 
 @pytest.mark.parametrize("shape_q, n_k, causal, transposed", [
@@ -332,3 +360,62 @@ def test_a_plans_pass_gives_way_to_call_graphs_switched_on_later(launches, monke
     monkeypatch.setattr(fg.call_graphs, "ENABLED", False)
     fg.flash_forward(q, k, v, True)
     assert runs == [0, 0]
+
+
+def _function_call(fn, q, k, v, causal, scale=None):
+    """O, then dQ, dK, dV of a loss with a fixed dO, through the autograd.Function ``fn``."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o = fn.apply(q, k, v, causal, scale)
+    o.backward(torch.ones_like(o))
+    return o, q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("shape_q, n_k, causal, transposed", [
+    ((2, 3, 100, 64), 100, True, False),
+    ((1, 2, 300, 128), 77, False, True),
+    ((1, 2, 1000, 64), 1000, True, False),  # the forward's keys in 4 splits
+])
+def test_the_functions_repeats_run_the_pass_bound_to_their_key(launches, deterministic, emulated_passes, bound_passes,
+                                                                shape_q, n_k, causal, transposed):
+    """The autograd.Function binds the pass its plan registered to the call's C++ key, and a
+    repeat of that signature (other tensors) runs it by ``run_bound`` with the launches the
+    plan's path made, outputs laid out as they were; in the other deterministic mode the
+    backward's key is another."""
+    registered, runs = emulated_passes
+    binds, looks = bound_passes
+    q, k, v = _inputs(shape_q, n_k, transposed)
+    recorded = []
+    for call in range(3):
+        launches.clear()
+        inputs = dict(zip("qkv", (t.clone() for t in (q, k, v))))  # the same signature at other addresses
+        o, dq, dk, dv = _function_call(fg.FlashAttentionGluon, *inputs.values(), causal)
+        recorded.append((_roles(launches, inputs), o.stride(), dq.stride(), dk.stride(), dv.stride()))
+    assert looks == ["miss", "miss"] + ["hit", "hit"] * 2, looks
+    assert binds == [(0, 0), (1, 1)] and runs == [0, 1] * 2
+    assert recorded[2] == recorded[1] == recorded[0]
+    torch.use_deterministic_algorithms(not deterministic)
+    looks.clear()
+    _function_call(fg.FlashAttentionGluon, q, k, v, causal)
+    assert looks == ["hit", "miss"], "a backward's key ignored the deterministic mode"
+
+
+def test_the_function_binds_nothing_for_a_mutant_for_other_scalar_types_or_with_call_graphs_on(
+        launches, monkeypatch, emulated_passes, bound_passes):
+    """No pass is bound where the C++ key could not tell the call apart as the plan's key does
+    (is_causal given as 1, an integer scale) or where the call is a kept mutant's (its pass
+    must never serve the kernel's calls); with the call graphs on, run_bound is not asked.
+    (The backward of is_causal=1 holds it as a bool, so it keys and binds as True's.)"""
+    binds, looks = bound_passes
+    q, k, v = _inputs((1, 2, 100, 64), 100, False)
+    _function_call(fg.mutant_function("rescale_skipped"), q, k, v, True)
+    _function_call(fg.FlashAttentionGluon, q, k, v, True, 1)
+    assert binds == [] and looks == [], (binds, looks)
+    _function_call(fg.FlashAttentionGluon, q, k, v, 1)
+    assert [kind for kind, _ in binds] == [1], binds
+    binds.clear()
+    _function_call(fg.FlashAttentionGluon, q, k, v, True, 0.125)
+    assert [kind for kind, _ in binds] == [0, 1]
+    monkeypatch.setattr(fg.call_graphs, "ENABLED", True)
+    looks.clear()
+    _function_call(fg.FlashAttentionGluon, q, k, v, True, 0.125)
+    assert looks == [], "run_bound was asked with the call graphs on"

@@ -453,6 +453,44 @@ def test_the_cpp_op_kernels_serve_a_repeat_from_the_pass_python_named_and_send_t
         ext.disable_ops()
 
 
+def test_a_bound_key_runs_its_pass_for_any_call_with_that_key_and_no_other():
+    """``bind`` / ``run_bound``, the Gluon Function's C++ look-up (a pass of no launches: no driver
+    needed).  A key bound by one call finds its pass for the same signature at other aligned
+    addresses, and runs it (outputs as registered); every change that gives the plan another key
+    (each of _CHANGES, the deterministic mode read at the call), the other kind, or scale 0 (the
+    sentinel for None) finds none, and run_bound returns None.  Binding a pass never registered
+    is an error."""
+    ext = _built_extension()
+    B, H, N, d = 2, 3, 64, 32
+    dense = [[H * N * d, N * d, d, 1]]
+    pass_id = ext.register_pass(6, [], [], [[B, H, N, d]] * 3, dense * 3, [torch.float32] * 3, [], [])
+
+    def look(call, kind=1, scale=None):
+        previous = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(call["deterministic"])
+        try:
+            scale = call["scale"] if scale is None else scale
+            return ext.bound_pass(kind, list(call["tensors"]), call["is_causal"], scale), ext.run_bound(
+                kind, 7, list(call["tensors"]), call["is_causal"], scale)
+        finally:
+            torch.use_deterministic_algorithms(previous)
+
+    ext.disable_ops()  # an empty table
+    ext.bind(1, list(_BASE["tensors"]), _BASE["is_causal"], _BASE["scale"], pass_id)
+    hits, misses = ext.bound_counts()
+    found, outputs = look(dict(_BASE, tensors=_op_inputs()))
+    assert found == pass_id and [(o.shape, o.stride()) for o in outputs] == [((B, H, N, d), tuple(dense[0]))] * 3
+    assert ext.bound_counts() == (hits + 1, misses)
+    for change in sorted(_CHANGES):
+        assert look(dict(_BASE, **_CHANGES[change])) == (-1, None), f"{change}: found the pass bound to another key"
+    assert look(_BASE, kind=0) == (-1, None) and look(_BASE, scale=0.0) == (-1, None)
+    assert ext.bound_counts() == (hits + 1, misses + len(_CHANGES) + 2)
+    with pytest.raises(RuntimeError, match="no pass registered"):
+        ext.bind(1, list(_BASE["tensors"]), True, 0.125, pass_id + 1000)
+    ext.disable_ops()
+    assert look(_BASE) == (-1, None), "disable_ops left a key bound"
+
+
 # --------------------------------------------------------------------------- on a Hopper GPU
 
 
@@ -511,5 +549,53 @@ def test_the_cpp_ops_serve_a_repeated_signature_from_its_pass_as_the_python_kern
         assert str(direct.value) in str(through_op.value)
     finally:
         custom_ops.disable_native_ops()
+        torch.use_deterministic_algorithms(previous)
+        fg._PLANS.clear()
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_the_gluon_functions_repeats_run_their_bound_pass_with_the_plans_results(monkeypatch, gluon_on_hopper,
+                                                                                 deterministic):
+    """With the C++ launcher on and call graphs off, the Gluon autograd.Function: a signature's
+    first forward and backward go through the plans and bind their passes; the repeats run them
+    by ``run_bound`` (its hit count rises by two a call) with the plans' results (the same bits;
+    dQ in the non-deterministic mode within the reordering of its float32 sums)."""
+    from impl.attention import call_graphs, native_launch
+
+    fg = gluon_on_hopper
+    monkeypatch.setenv("LLM_SYSTEMS_NATIVE_LAUNCH", "1")
+    monkeypatch.setattr(call_graphs, "ENABLED", False)
+    ext = native_launch.extension()
+    assert ext is not None and native_launch.run_bound is not None, "the C++ launcher was not built"
+    fg._PLANS.clear()
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        g = torch.Generator(device="cuda").manual_seed(1)
+        for B, H, N, d, causal, layout in [(1, 1, 512, 64, True, "bhnd"), (1, 4, 300, 128, False, "bhnd"),
+                                           (2, 2, 1000, 64, True, "bnhd")]:
+            def draw():
+                if layout == "bnhd":
+                    return torch.randn(B, N, H, d, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)
+                return torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            q, k, v, do = draw(), draw(), draw(), draw()
+            want_o, want_lse = fg.flash_forward(q, k, v, causal)
+            want = fg.flash_backward(q, k, v, want_o, want_lse, do, causal)
+            for call in range(3):
+                before = ext.bound_counts()[0]
+                leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+                o = fg.FlashAttentionGluon.apply(*leaves, causal)
+                o.backward(do)
+                where = f"B{B} H{H} N{N} d{d} causal={causal} {layout}, call {call + 1}"
+                hits = ext.bound_counts()[0] - before
+                assert hits == (0 if call == 0 else 2), f"{where}: {hits} of the forward and backward run_bound"
+                assert torch.equal(o, want_o), f"{where}: O differs"
+                for name, a, leaf in zip(("dQ", "dK", "dV"), want, leaves):
+                    b = leaf.grad
+                    if name == "dQ" and not deterministic:
+                        torch.testing.assert_close(b.float(), a.float(), rtol=2 * 2.0**-8, atol=1e-6, msg=where)
+                    else:
+                        assert torch.equal(a, b), f"{where}: {name} differs"
+    finally:
         torch.use_deterministic_algorithms(previous)
         fg._PLANS.clear()

@@ -20,7 +20,8 @@ Contract
     Saved for backward: q, k, v, O and L = logsumexp of the scaled scores (natural log,
     float32, shape q.shape[:-1], contiguous), the only saved tensor of that shape.
     Host path: a plan per call signature (validated once); its whole call (allocations and
-    launches) is one C++ pass (native_launch.py), unless that is switched off.  With
+    launches) is one C++ pass (native_launch.py), unless that is switched off; the
+    Function's repeats find that pass by the call's key in C++, with no plan look-up.  With
     ``LLM_SYSTEMS_CALL_GRAPHS=1`` a call that recurs with its tensors at the same addresses
     instead replays its launches from a CUDA graph (call_graphs.py: D, dQ's float32 sums and the
     split forward's partial sums then live with the graph).
@@ -1324,14 +1325,54 @@ def flash_backward(q, k, v, o, lse, grad_o, is_causal: bool = False, scale: floa
     return (build() if key is None else _plan(key, build))(q, k, v, o, lse, grad_o)
 
 
+def _keyed_scalars(is_causal, scale) -> bool:
+    """Whether the C++ key (``native_launch.bind``) tells this call's scalars apart as the plan's
+    key does: a bool, and a float or None (sent as 0: a real scale is positive)."""
+    return type(is_causal) is bool and (scale is None or type(scale) is float)
+
+
+def _bound_call(kind: int, tensors: tuple, is_causal, scale):
+    """The outputs of the C++ pass bound to this call's key (kind 0 forward, 1 backward), run in
+    one call (``native_launch.run_bound``); None where none is bound, the launcher is not built,
+    the call graphs are on (read per call, as the plans read it), the stream check declines or
+    the scalars are of other types: the plan's path then serves (and binds)."""
+    run_bound = native_launch.run_bound
+    if run_bound is None or call_graphs.ENABLED or not _keyed_scalars(is_causal, scale):
+        return None
+    first = tensors[0]  # a CPU tensor's device is -1, which is never the current CUDA device
+    stream = fast_stream(first.get_device()) if isinstance(first, torch.Tensor) else None
+    if stream is None:
+        return None
+    try:
+        return run_bound(kind, stream, tensors, is_causal, 0.0 if scale is None else scale)
+    except TypeError:  # an argument that is no tensor: the plan's path names it
+        return None
+
+
+def _bind(kind: int, tensors: tuple, is_causal, scale, plan) -> None:
+    """After the plan's path served a call: its C++ pass bound to the call's key, if it has one."""
+    if plan.native is not None and native_launch.bind is not None and _keyed_scalars(is_causal, scale):
+        native_launch.bind(kind, tensors, is_causal, 0.0 if scale is None else scale, plan.native)
+
+
 def _attention_function(mutant: int):
+    # The kernel's repeats take the bound C++ pass (_bound_call); a mutant's keep the plan's path,
+    # so that no pass of one is ever bound where the kernel's calls would find it.
+    bound = mutant == 0
+
     class FlashAttentionGluon(torch.autograd.Function):
         """FlashAttention on Hopper in Gluon (see the module contract)."""
 
         @staticmethod
         def forward(ctx, q, k, v, is_causal=False, scale=None):
-            plan, key = _forward_plan(q, k, v, is_causal, scale, mutant)
-            o, lse = plan(q, k, v)
+            outputs = _bound_call(0, (q, k, v), is_causal, scale) if bound else None
+            if outputs is None:
+                plan, key = _forward_plan(q, k, v, is_causal, scale, mutant)
+                o, lse = plan(q, k, v)
+                if bound:
+                    _bind(0, (q, k, v), is_causal, scale, plan)
+            else:
+                (o, lse), key = outputs, None
             ctx.save_for_backward(q, k, v, o, lse)
             ctx.is_causal, ctx.scale, ctx.plan_key = bool(is_causal), scale, key
             return o
@@ -1341,12 +1382,20 @@ def _attention_function(mutant: int):
             q, k, v, o, lse = ctx.saved_tensors
             if grad_o.dtype != q.dtype:
                 grad_o = grad_o.to(q.dtype)
+            tensors = (q, k, v, o, lse, grad_o)
+            outputs = _bound_call(1, tensors, ctx.is_causal, ctx.scale) if bound else None
+            if outputs is not None:
+                dq, dk, dv = outputs
+                return dq, dk, dv, None, None
             if ctx.plan_key is None:
-                dq, dk, dv = flash_backward(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale, mutant=mutant)
+                key = _backward_key(tensors, ctx.is_causal, ctx.scale, mutant)
             else:  # O and L came from the forward's plan, which their signatures follow: only dO's is added
                 key = ("bwd", ctx.plan_key, signature(grad_o), torch.are_deterministic_algorithms_enabled())
-                build = lambda: _BackwardPlan(q, k, v, o, lse, grad_o, ctx.is_causal, ctx.scale, mutant)  # noqa: E731
-                dq, dk, dv = _plan(key, build)(q, k, v, o, lse, grad_o)
+            build = lambda: _BackwardPlan(*tensors, ctx.is_causal, ctx.scale, mutant)  # noqa: E731
+            plan = build() if key is None else _plan(key, build)
+            dq, dk, dv = plan(*tensors)
+            if bound:
+                _bind(1, tensors, ctx.is_causal, ctx.scale, plan)
             return dq, dk, dv, None, None
 
     return FlashAttentionGluon

@@ -20,6 +20,9 @@ Contract
     The custom ops' CUDA kernels (``enable_ops``, wired by ``custom_ops.enable_native_ops``) run a
     call's pass straight from the dispatcher once Python has named it for the call's key (each
     tensor's shape, strides, dtype, device and alignment; causal, scale, deterministic mode).
+    The Gluon autograd.Function binds its plans' passes to the same keys (``bind``) and runs a
+    repeat with one call (``run_bound``: None where nothing is bound), skipping the plan's key
+    and look-up in Python.
     Errors raise RuntimeError; their messages are built without iostreams (see ``require``).
     Registrations live as long as the process (a few hundred bytes each, one per Launch and
     plan ever bound).
@@ -41,6 +44,8 @@ INTS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
 _EXTENSION: list = []  # [module or None] once tried
 launch = None  # the extension's launch(id, stream, tensors), once built
 run_pass = None  # the extension's run_pass(id, stream, inputs) -> outputs, once built
+bind = None  # the extension's bind(kind, tensors, is_causal, scale, pass), once built
+run_bound = None  # the extension's run_bound(kind, stream, tensors, is_causal, scale) -> outputs or None
 
 
 def enabled() -> bool:
@@ -51,11 +56,12 @@ def extension():
     """The built extension, or None (switched off, or it could not be built: warned once)."""
     if not enabled():
         return None
-    global launch, run_pass
+    global launch, run_pass, bind, run_bound
     if not _EXTENSION:
         try:
             _EXTENSION.append(_build())
-            launch, run_pass = _EXTENSION[0].launch, _EXTENSION[0].run_pass
+            ext = _EXTENSION[0]
+            launch, run_pass, bind, run_bound = ext.launch, ext.run_pass, ext.bind, ext.run_bound
         except Exception as exc:  # no compiler, no headers: Triton's launcher serves
             warnings.warn(f"native_launch: the C++ launcher could not be built ({type(exc).__name__}: {exc}); "
                           "launches go through Triton's launcher", RuntimeWarning, stacklevel=2)

@@ -8,6 +8,9 @@
 //   run_pass(id, stream, inputs) -> outputs: a call's allocations and launches in one call
 //   describe_pass(id, inputs) -> (outputs, what each launch would pass)
 //   enable_ops(forward, backward, stream_of), disable_ops(): the custom ops' CUDA kernels in C++ (below)
+//   bind(kind, tensors, is_causal, scale, pass), run_bound(kind, stream, tensors, is_causal, scale) -> outputs
+//   or None: a call's key bound to a pass, and the bound pass run from Python in one call (the Gluon
+//   autograd.Function's repeated calls)
 //
 // A slot is [kind, tensor, value, swizzle, elem_size, elem_type, box0 .. box4]:
 //   PTR   the tensor's data pointer (a CUdeviceptr)
@@ -392,11 +395,20 @@ constexpr size_t MAX_BOUND = 4096;  // keys bound to passes; all dropped when fu
 
 struct Ops {
   py::object forward, backward, stream_of;
-  std::unordered_map<std::vector<int64_t>, int64_t, KeyHash> bound;
   int64_t from_cpp = 0, from_python = 0;
 };
 
 Ops* op_state = nullptr;  // never freed: it holds Python objects, which must not die after the interpreter
+
+// Keys bound to passes, shared by the ops' kernels and run_bound: a key holds everything a plan depends on,
+// so whoever bound it, its pass serves any caller with that key.
+std::unordered_map<std::vector<int64_t>, int64_t, KeyHash> bound;
+int64_t bound_hits = 0, bound_misses = 0;  // run_bound's calls
+
+void bind_key(std::vector<int64_t> key, int64_t pass) {
+  if (bound.size() >= MAX_BOUND) bound.clear();
+  bound[std::move(key)] = pass;
+}
 
 std::vector<int64_t> call_key(int64_t kind, const std::vector<at::Tensor>& tensors, bool is_causal, double scale,
                               bool deterministic) {
@@ -423,8 +435,8 @@ std::vector<at::Tensor> op_call(int64_t kind, const std::vector<at::Tensor>& inp
   std::vector<int64_t> key;
   if (flavour == "gluon" && same_dtypes) {
     key = call_key(kind, inputs, is_causal, scale, kind == 1 && at::globalContext().deterministicAlgorithms());
-    auto hit = op_state->bound.find(key);
-    if (hit != op_state->bound.end()) {
+    auto hit = bound.find(key);
+    if (hit != bound.end()) {
       py::object stream = op_state->stream_of(inputs[0].device().index());
       if (!stream.is_none()) {
         ++op_state->from_cpp;
@@ -444,10 +456,7 @@ std::vector<at::Tensor> op_call(int64_t kind, const std::vector<at::Tensor>& inp
   std::vector<at::Tensor> outputs;
   for (size_t i = 0; i < n_outputs; ++i) outputs.push_back(got[i].cast<at::Tensor>());
   const int64_t pass = got[n_outputs].cast<int64_t>();
-  if (!key.empty() && pass >= 0) {
-    if (op_state->bound.size() >= MAX_BOUND) op_state->bound.clear();
-    op_state->bound.emplace(std::move(key), pass);
-  }
+  if (!key.empty() && pass >= 0) bind_key(std::move(key), pass);
   return outputs;
 }
 
@@ -478,7 +487,7 @@ void enable_ops(py::object forward, py::object backward, py::object stream_of, b
   op_state->forward = std::move(forward);
   op_state->backward = std::move(backward);
   op_state->stream_of = std::move(stream_of);
-  op_state->bound.clear();
+  bound.clear();
   if (op_library != nullptr && op_library_on_cpu != on_cpu) {
     delete op_library;
     op_library = nullptr;
@@ -496,14 +505,48 @@ void enable_ops(py::object forward, py::object backward, py::object stream_of, b
 void disable_ops() {
   delete op_library;
   op_library = nullptr;
-  if (op_state != nullptr) op_state->bound.clear();
+  bound.clear();
 }
 
 // (calls served by a pass from C++, calls that went to Python, keys bound)
 py::tuple op_counts() {
-  if (op_state == nullptr) return py::make_tuple(0, 0, 0);
-  return py::make_tuple(op_state->from_cpp, op_state->from_python, op_state->bound.size());
+  if (op_state == nullptr) return py::make_tuple(0, 0, bound.size());
+  return py::make_tuple(op_state->from_cpp, op_state->from_python, bound.size());
 }
+
+// --- a bound pass run from Python: the Gluon autograd.Function's repeated calls ------------------------
+//
+// The Function's Python path (the plan's key, its look-up, the plan's call) costs several us a call; a
+// repeat of a bound key costs one call here.  ``scale`` is the call's scale, 0 for None (a real scale is
+// positive, so no caller's key collides with another's); the deterministic mode is read here, for kind 1.
+
+void bind(int64_t kind, const std::vector<at::Tensor>& tensors, bool is_causal, double scale, int64_t pass) {
+  require(pass >= 0, "native_launch: bind takes a registered pass, got ", pass);
+  pass_of(pass);
+  bind_key(call_key(kind, tensors, is_causal, scale, kind == 1 && at::globalContext().deterministicAlgorithms()),
+           pass);
+}
+
+// The pass bound to the call's key, or -1 (no driver needed: the CPU tests' view of run_bound's look-up).
+int64_t bound_pass(int64_t kind, const std::vector<at::Tensor>& tensors, bool is_causal, double scale) {
+  auto hit = bound.find(call_key(kind, tensors, is_causal, scale,
+                                 kind == 1 && at::globalContext().deterministicAlgorithms()));
+  return hit == bound.end() ? -1 : hit->second;
+}
+
+py::object run_bound(int64_t kind, int64_t stream, const std::vector<at::Tensor>& tensors, bool is_causal,
+                     double scale) {
+  const int64_t pass = bound_pass(kind, tensors, is_causal, scale);
+  if (pass < 0) {
+    ++bound_misses;
+    return py::none();
+  }
+  ++bound_hits;
+  return py::cast(run_pass(pass, stream, tensors));
+}
+
+// (run_bound's calls served by a pass, run_bound's calls that found none)
+py::tuple bound_counts() { return py::make_tuple(bound_hits, bound_misses); }
 
 std::vector<int64_t> op_key(int64_t kind, const std::vector<at::Tensor>& tensors, bool is_causal, double scale,
                             bool deterministic) {
@@ -522,4 +565,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("disable_ops", &disable_ops);
   m.def("op_counts", &op_counts);
   m.def("op_key", &op_key);
+  m.def("bind", &bind);
+  m.def("bound_pass", &bound_pass);
+  m.def("run_bound", &run_bound);
+  m.def("bound_counts", &bound_counts);
 }
