@@ -475,7 +475,7 @@ def test_a_bound_key_runs_its_pass_for_any_call_with_that_key_and_no_other():
         finally:
             torch.use_deterministic_algorithms(previous)
 
-    ext.disable_ops()  # an empty table
+    ext.clear_bound()
     ext.bind(1, list(_BASE["tensors"]), _BASE["is_causal"], _BASE["scale"], pass_id)
     hits, misses = ext.bound_counts()
     found, outputs = look(dict(_BASE, tensors=_op_inputs()))
@@ -487,8 +487,12 @@ def test_a_bound_key_runs_its_pass_for_any_call_with_that_key_and_no_other():
     assert ext.bound_counts() == (hits + 1, misses + len(_CHANGES) + 2)
     with pytest.raises(RuntimeError, match="no pass registered"):
         ext.bind(1, list(_BASE["tensors"]), True, 0.125, pass_id + 1000)
+    ext.bind(1, list(_BASE["tensors"]), _BASE["is_causal"], _BASE["scale"], pass_id)
     ext.disable_ops()
     assert look(_BASE) == (-1, None), "disable_ops left a key bound"
+    ext.bind(1, list(_BASE["tensors"]), _BASE["is_causal"], _BASE["scale"], pass_id)
+    ext.clear_bound()
+    assert look(_BASE) == (-1, None), "clear_bound left a key bound"
 
 
 # --------------------------------------------------------------------------- on a Hopper GPU
@@ -568,6 +572,7 @@ def test_the_gluon_functions_repeats_run_their_bound_pass_with_the_plans_results
     ext = native_launch.extension()
     assert ext is not None and native_launch.run_bound is not None, "the C++ launcher was not built"
     fg._PLANS.clear()
+    ext.clear_bound()  # keys other tests' calls bound (the table lives as long as the process)
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(deterministic)
     try:

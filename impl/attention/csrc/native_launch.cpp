@@ -10,7 +10,7 @@
 //   enable_ops(forward, backward, stream_of), disable_ops(): the custom ops' CUDA kernels in C++ (below)
 //   bind(kind, tensors, is_causal, scale, pass), run_bound(kind, stream, tensors, is_causal, scale) -> outputs
 //   or None: a call's key bound to a pass, and the bound pass run from Python in one call (the Gluon
-//   autograd.Function's repeated calls)
+//   autograd.Function's repeated calls); bound_pass (the look-up alone), bound_counts, clear_bound
 //
 // A slot is [kind, tensor, value, swizzle, elem_size, elem_type, box0 .. box4]:
 //   PTR   the tensor's data pointer (a CUdeviceptr)
@@ -545,6 +545,9 @@ py::object run_bound(int64_t kind, int64_t stream, const std::vector<at::Tensor>
   return py::cast(run_pass(pass, stream, tensors));
 }
 
+// Unbinds every key (the passes stay registered): a test's fresh table.
+void clear_bound() { bound.clear(); }
+
 // (run_bound's calls served by a pass, run_bound's calls that found none)
 py::tuple bound_counts() { return py::make_tuple(bound_hits, bound_misses); }
 
@@ -569,4 +572,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bound_pass", &bound_pass);
   m.def("run_bound", &run_bound);
   m.def("bound_counts", &bound_counts);
+  m.def("clear_bound", &clear_bound);
 }
