@@ -279,6 +279,7 @@ def emulated_passes(monkeypatch):
     monkeypatch.setattr(fg.native_launch, "run_pass", run_pass)
     monkeypatch.setattr(fg.native_launch, "bind", None)  # the Function's C++ keys: see bound_passes
     monkeypatch.setattr(fg.native_launch, "run_bound", None)
+    monkeypatch.setattr(fg.native_launch, "bound_pass", None)
     monkeypatch.setattr(fg, "fast_stream", lambda index: 7)
     monkeypatch.setattr(fg.Launch, "issue", lambda self, stream, *tensors: self._through_triton(tensors))
     return registered, runs
@@ -305,8 +306,12 @@ def bound_passes(monkeypatch, emulated_passes):
         looks.append("miss" if pass_id is None else "hit")
         return None if pass_id is None else fg.native_launch.run_pass(pass_id, stream, tensors)
 
+    def bound_pass(kind, tensors, is_causal, scale):
+        return table.get(key(kind, tensors, is_causal, scale), -1)
+
     monkeypatch.setattr(fg.native_launch, "bind", bind)
     monkeypatch.setattr(fg.native_launch, "run_bound", run_bound)
+    monkeypatch.setattr(fg.native_launch, "bound_pass", bound_pass)
     return binds, looks
 
 
@@ -419,3 +424,24 @@ def test_the_function_binds_nothing_for_a_mutant_for_other_scalar_types_or_with_
     looks.clear()
     _function_call(fg.FlashAttentionGluon, q, k, v, True, 0.125)
     assert looks == [], "run_bound was asked with the call graphs on"
+
+
+@pytest.mark.parametrize("fn_name, shares", [("kernel", False), ("bound_key_without_strides", True)])
+def test_the_bound_key_mutant_runs_one_layouts_pass_for_another(launches, emulated_passes, bound_passes, fn_name,
+                                                               shares):
+    """The kept mutant bound_key_without_strides (a key that forgets the tensors' layout) hands a
+    call of the same shapes in another layout the first layout's passes, whose launches fix the
+    first layout's strides (the GPU law results_do_not_depend_on_earlier_calls rejects it); the
+    kernel's key tells the layouts apart, so the second layout gets passes of its own."""
+    registered, runs = emulated_passes
+    fn = fg.FlashAttentionGluon if fn_name == "kernel" else fg.mutant_function(fn_name)
+    contiguous = _inputs((1, 2, 100, 64), 100, False)
+    transposed = _inputs((1, 2, 100, 64), 100, True)
+    assert [t.stride() for t in contiguous] != [t.stride() for t in transposed]
+    _function_call(fn, *contiguous, True)  # through the plans: registers and binds passes 0 and 1
+    runs.clear()
+    _function_call(fn, *transposed, True)
+    if shares:
+        assert runs == [0, 1], f"the mutant's second layout ran passes {runs}, not the first layout's"
+    else:
+        assert 0 not in runs and 1 not in runs and len(registered) == 4, (runs, len(registered))

@@ -413,7 +413,15 @@ GLUON_HOST_SPECS = (
      "impl's Gluon flavour keys the CUDA graphs of a call's launches on the inputs' addresses alone: a call whose "
      "inputs lie where an earlier one's did replays launches that write into the earlier call's outputs"),
 )
-for _name, _ in GLUON_SPECS + GLUON_PERSISTENT_SPECS + GLUON_BACKWARD_SPECS:
+# The eager repeat's look-up: a call's C++ pass found by its key (impl/attention/flash_gluon.py,
+# _bound_call; the C++ launcher is on by default).
+GLUON_KEY_SPECS = (
+    ("bound_key_without_strides",
+     "impl's Gluon flavour binds a call's C++ pass to a key without the tensors' strides: a later call of the same "
+     "shapes in another layout runs the earlier call's launches, whose fixed strides read dO (and O) as laid out "
+     "before"),
+)
+for _name, _ in GLUON_SPECS + GLUON_PERSISTENT_SPECS + GLUON_BACKWARD_SPECS + GLUON_KEY_SPECS:
     globals()[_name] = _gluon_mutant(_name)
 for _name, _ in GLUON_HOST_SPECS:
     globals()[_name] = _gluon_mutant(_name, graphs_on=True)
@@ -432,6 +440,9 @@ MUTANTS = tuple(
 ) + tuple(
     Mutant(name, "attention", bug, ("fresh_values_at_recycled_addresses_give_fresh_results",),
            target=f"{__name__}:{name}", flavour="gluon") for name, bug in GLUON_HOST_SPECS
+) + tuple(
+    Mutant(name, "attention", bug, ("results_do_not_depend_on_earlier_calls",),
+           target=f"{__name__}:{name}", flavour="gluon") for name, bug in GLUON_KEY_SPECS
 ) + (
     Mutant("plan_key_without_strides", "attention",
            "impl's Triton launch plans keyed without the inputs' strides: another layout of the same shapes reuses stale strides",

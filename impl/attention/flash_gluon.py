@@ -916,9 +916,10 @@ BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128,
 # Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
 MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3,
            "last_dq_partial_never_added": 4, "discarded_split_counted": 5, "q_freed_before_its_last_scores": 6,
-           "graph_keyed_without_outputs": 7}
-GRAPH_KEYED_WITHOUT_OUTPUTS = 7  # a host mutant: the kernels are the unmutated ones
-HOST_MUTANTS = ("graph_keyed_without_outputs",)  # show only when a call recurs (not in one call)
+           "graph_keyed_without_outputs": 7, "bound_key_without_strides": 8}
+GRAPH_KEYED_WITHOUT_OUTPUTS = 7  # host mutants: the kernels are the unmutated ones
+BOUND_KEY_WITHOUT_STRIDES = 8
+HOST_MUTANTS = ("graph_keyed_without_outputs", "bound_key_without_strides")  # show only when a call recurs
 
 
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -1331,7 +1332,13 @@ def _keyed_scalars(is_causal, scale) -> bool:
     return type(is_causal) is bool and (scale is None or type(scale) is float)
 
 
-def _bound_call(kind: int, tensors: tuple, is_causal, scale):
+def _without_strides(tensors) -> list:
+    """The kept mutant bound_key_without_strides's key: each tensor as a contiguous meta tensor
+    of its shape and dtype (its layout forgotten)."""
+    return [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in tensors]
+
+
+def _bound_call(kind: int, tensors: tuple, is_causal, scale, mutant: int = 0):
     """The outputs of the C++ pass bound to this call's key (kind 0 forward, 1 backward), run in
     one call (``native_launch.run_bound``); None where none is bound, the launcher is not built,
     the call graphs are on (read per call, as the plans read it), the stream check declines or
@@ -1343,34 +1350,41 @@ def _bound_call(kind: int, tensors: tuple, is_causal, scale):
     stream = fast_stream(first.get_device()) if isinstance(first, torch.Tensor) else None
     if stream is None:
         return None
+    scale = 0.0 if scale is None else scale
     try:
-        return run_bound(kind, stream, tensors, is_causal, 0.0 if scale is None else scale)
-    except TypeError:  # an argument that is no tensor: the plan's path names it
+        if mutant == BOUND_KEY_WITHOUT_STRIDES:  # looked up by the coarse key, run on the call's tensors
+            found = native_launch.bound_pass(kind, _without_strides(tensors), is_causal, scale)
+            return None if found < 0 else native_launch.run_pass(found, stream, tensors)
+        return run_bound(kind, stream, tensors, is_causal, scale)
+    except (TypeError, AttributeError):  # an argument that is no tensor: the plan's path names it
         return None
 
 
-def _bind(kind: int, tensors: tuple, is_causal, scale, plan) -> None:
+def _bind(kind: int, tensors: tuple, is_causal, scale, plan, mutant: int = 0) -> None:
     """After the plan's path served a call: its C++ pass bound to the call's key, if it has one."""
     if plan.native is not None and native_launch.bind is not None and _keyed_scalars(is_causal, scale):
-        native_launch.bind(kind, tensors, is_causal, 0.0 if scale is None else scale, plan.native)
+        keyed = _without_strides(tensors) if mutant == BOUND_KEY_WITHOUT_STRIDES else tensors
+        native_launch.bind(kind, keyed, is_causal, 0.0 if scale is None else scale, plan.native)
 
 
 def _attention_function(mutant: int):
     # The kernel's repeats take the bound C++ pass (_bound_call); a mutant's keep the plan's path,
-    # so that no pass of one is ever bound where the kernel's calls would find it.
-    bound = mutant == 0
+    # so that no pass of one is ever bound where the kernel's calls would find it (the host mutant
+    # of the key binds the kernel's passes under keys of its own, which no kernel's call has).
+    bound = mutant in (0, BOUND_KEY_WITHOUT_STRIDES)
+    key_mutant, mutant = mutant, 0 if mutant == BOUND_KEY_WITHOUT_STRIDES else mutant
 
     class FlashAttentionGluon(torch.autograd.Function):
         """FlashAttention on Hopper in Gluon (see the module contract)."""
 
         @staticmethod
         def forward(ctx, q, k, v, is_causal=False, scale=None):
-            outputs = _bound_call(0, (q, k, v), is_causal, scale) if bound else None
+            outputs = _bound_call(0, (q, k, v), is_causal, scale, key_mutant) if bound else None
             if outputs is None:
                 plan, key = _forward_plan(q, k, v, is_causal, scale, mutant)
                 o, lse = plan(q, k, v)
                 if bound:
-                    _bind(0, (q, k, v), is_causal, scale, plan)
+                    _bind(0, (q, k, v), is_causal, scale, plan, key_mutant)
             else:
                 (o, lse), key = outputs, None
             ctx.save_for_backward(q, k, v, o, lse)
@@ -1383,7 +1397,7 @@ def _attention_function(mutant: int):
             if grad_o.dtype != q.dtype:
                 grad_o = grad_o.to(q.dtype)
             tensors = (q, k, v, o, lse, grad_o)
-            outputs = _bound_call(1, tensors, ctx.is_causal, ctx.scale) if bound else None
+            outputs = _bound_call(1, tensors, ctx.is_causal, ctx.scale, key_mutant) if bound else None
             if outputs is not None:
                 dq, dk, dv = outputs
                 return dq, dk, dv, None, None
@@ -1395,7 +1409,7 @@ def _attention_function(mutant: int):
             plan = build() if key is None else _plan(key, build)
             dq, dk, dv = plan(*tensors)
             if bound:
-                _bind(1, tensors, ctx.is_causal, ctx.scale, plan)
+                _bind(1, tensors, ctx.is_causal, ctx.scale, plan, key_mutant)
             return dq, dk, dv, None, None
 
     return FlashAttentionGluon

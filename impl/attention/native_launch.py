@@ -46,6 +46,7 @@ launch = None  # the extension's launch(id, stream, tensors), once built
 run_pass = None  # the extension's run_pass(id, stream, inputs) -> outputs, once built
 bind = None  # the extension's bind(kind, tensors, is_causal, scale, pass), once built
 run_bound = None  # the extension's run_bound(kind, stream, tensors, is_causal, scale) -> outputs or None
+bound_pass = None  # the extension's bound_pass(kind, tensors, is_causal, scale) -> pass id or -1
 
 
 def enabled() -> bool:
@@ -56,12 +57,13 @@ def extension():
     """The built extension, or None (switched off, or it could not be built: warned once)."""
     if not enabled():
         return None
-    global launch, run_pass, bind, run_bound
+    global launch, run_pass, bind, run_bound, bound_pass
     if not _EXTENSION:
         try:
             _EXTENSION.append(_build())
             ext = _EXTENSION[0]
-            launch, run_pass, bind, run_bound = ext.launch, ext.run_pass, ext.bind, ext.run_bound
+            launch, run_pass, bind, run_bound, bound_pass = (ext.launch, ext.run_pass, ext.bind, ext.run_bound,
+                                                             ext.bound_pass)
         except Exception as exc:  # no compiler, no headers: Triton's launcher serves
             warnings.warn(f"native_launch: the C++ launcher could not be built ({type(exc).__name__}: {exc}); "
                           "launches go through Triton's launcher", RuntimeWarning, stacklevel=2)
