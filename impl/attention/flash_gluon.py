@@ -913,7 +913,7 @@ BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 
 # holds.
 BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
 
-# Kept mutants of the schedule (conformance.mutants.attention_gluon): 0 is the kernel.
+# Kept mutants of the schedule and the host path (conformance.mutants.attention): 0 is the kernel.
 MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3,
            "last_dq_partial_never_added": 4, "discarded_split_counted": 5, "q_freed_before_its_last_scores": 6,
            "graph_keyed_without_outputs": 7, "bound_key_without_strides": 8}
