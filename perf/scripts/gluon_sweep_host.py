@@ -12,7 +12,8 @@ Rows per shape:
     fwd / pair by plan      the same with the Function's C++ key look-up off (``run_bound``
                             unset for the call): the plan's key and look-up in Python
     plan fwd                ``flash_gluon.flash_forward``: the plan alone, no autograd
-    op fwd                  the custom op (its C++ kernel once the call's key is bound)
+    op fwd                  the custom op (its C++ kernel once the call's key is bound); its
+                            scale is given, so it shares the "1 launch" plan: unsplit
     fwd / pair 1 launch     the Function with the scale given (another plan), its forward
                             built unsplit: one launch, no combine
 """
