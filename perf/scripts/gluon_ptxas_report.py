@@ -1,0 +1,58 @@
+"""What ptxas makes of the Gluon kernels, on any machine (no GPU): per kernel of each plan the
+suite's compile check builds (properties/test_gluon_kernels_compile.py), its shared memory,
+spills, and the warpgroup waits ptxas injects (warning C7517: a wgmma's accumulator registers
+read where ptxas cannot prove the wgmma retired, so it waits for every wgmma in flight).
+
+    env -u TRITON_INTERPRET PYTHONPATH=. python perf/scripts/gluon_ptxas_report.py [--sass DIR]
+
+--sass DIR also writes each kernel's SASS (cuobjdump) there, to find where a wait landed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+from triton.backends.nvidia.compiler import get_ptxas
+
+from properties.test_gluon_kernels_compile import GROUPS, compile_launch, fg, gluon_launches
+
+
+def ptxas_lines(ptx: str) -> list[str]:
+    ptxas = get_ptxas(90).path
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    run = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull], capture_output=True, text=True)
+    os.unlink(f.name)
+    return [" ".join(line.split()) for line in run.stderr.splitlines() if re.search(r"spill|C75\d\d", line)]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--sass", default=None)
+    a = p.parse_args()
+    fg._validate = lambda q, k, v, causal, scale: scale or q.shape[-1] ** -0.5
+    for group, cases in GROUPS.items():
+        for case in cases:
+            for name, launch, tensors in gluon_launches(*case):
+                compiled = compile_launch(launch, tensors)
+                label = f"{group} {case[1]} {case[2]} causal={case[3]} det={case[4]} {name}"
+                print(f"{label}: shared {compiled.metadata.shared} B")
+                for line in ptxas_lines(compiled.asm["ptx"]):
+                    print(f"    {line}")
+                if a.sass:
+                    folder = Path(a.sass)
+                    folder.mkdir(parents=True, exist_ok=True)
+                    cubin = folder / (re.sub(r"[^A-Za-z0-9]+", "_", label) + ".cubin")
+                    cubin.write_bytes(compiled.asm["cubin"])
+                    tool = Path(get_ptxas(90).path).with_name("cuobjdump")
+                    cubin.with_suffix(".sass").write_text(subprocess.run([tool, "-sass", cubin], capture_output=True,
+                                                                         text=True).stdout)
+
+
+if __name__ == "__main__":
+    main()
