@@ -39,19 +39,28 @@ ROOT = Path(__file__).resolve().parents[1]
 GLUON_KERNELS = ("_flash_fwd_kernel", "_flash_bwd_dq_kernel", "_flash_bwd_dkdv_kernel")
 HOPPER_SHARED_BYTES = 227 * 1024  # the most a block may opt in to on an H100 or H200
 
-# (pass, (B, H, N, d), dtype, causal, deterministic), grouped into one child process each.
-# Between them they give every specialisation the tables make: the persistent and the split
-# forward (B1 H1 leaves SMs idle), the five-product backward and the deterministic seven.
+# (pass, (B, H, N, d), dtype, causal, deterministic, kept mutant), grouped into one child process
+# each.  Between them they give every specialisation the tables make: the persistent and the
+# split forward (B1 H1 leaves SMs idle), the five-product backward and the deterministic seven;
+# and each kept mutant of the schedule's kernel, whose rejection on a GPU means something only
+# if it compiles (a mutant that failed to compile would be "rejected" by any law).
 GROUPS = {
-    f"forward-d{d}": [("forward", shape, dtype, causal, False)
+    f"forward-d{d}": [("forward", shape, dtype, causal, False, 0)
                       for shape in ((2, 16, 1024, d), (1, 1, 2048, d)) for causal in (False, True)
                       for dtype in (("bfloat16", "float16") if shape[0] == 2 and causal else ("bfloat16",))]
     for d in (64, 128)
 } | {
-    f"backward-d{d}": [("backward", (1, 2, 300, d), dtype, causal, deterministic)
+    f"backward-d{d}": [("backward", (1, 2, 300, d), dtype, causal, deterministic, 0)
                        for causal in (False, True) for deterministic in (False, True)
                        for dtype in (("bfloat16", "float16") if not causal and not deterministic else ("bfloat16",))]
     for d in (64, 128)
+} | {
+    "kept-mutants": [("forward", (2, 16, 1024, 64), "bfloat16", True, False, fg.MUTANTS[name])
+                     for name in ("v_slot_freed_before_its_product", "ready_phase_off_by_one", "rescale_skipped",
+                                  "q_freed_before_its_last_scores")]
+                    + [("forward", (1, 1, 2048, 64), "bfloat16", False, False, fg.MUTANTS["discarded_split_counted"])]
+                    + [("backward", (1, 2, 300, d), "bfloat16", False, False, fg.MUTANTS["last_dq_partial_never_added"])
+                       for d in (64, 128)],
 }
 
 
@@ -96,7 +105,7 @@ def _tensors(plan, q, k, v, lse):
     return out
 
 
-def gluon_launches(kind, shape, dtype, causal, deterministic):
+def gluon_launches(kind, shape, dtype, causal, deterministic, mutant=0):
     """(kernel name, Launch, its tensors) for each Gluon kernel a forward or backward plan of
     ``shape`` (B, H, N, d) launches, the plan built on the CPU."""
     b, h, n, d = shape
@@ -105,8 +114,8 @@ def gluon_launches(kind, shape, dtype, causal, deterministic):
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(deterministic)
     try:
-        plan = (fg._ForwardPlan(q, k, v, causal, None, 0) if kind == "forward"
-                else fg._BackwardPlan(q, k, v, q, lse, q, causal, None))
+        plan = (fg._ForwardPlan(q, k, v, causal, None, mutant) if kind == "forward"
+                else fg._BackwardPlan(q, k, v, q, lse, q, causal, None, mutant))
     finally:
         torch.use_deterministic_algorithms(was)
     tensors = _tensors(plan, q, k, v, lse)
@@ -183,9 +192,9 @@ needs_ptxas = pytest.mark.skipif(PTXAS_MISSING is not None,
 @pytest.mark.parametrize("group", list(GROUPS))
 def test_every_gluon_kernel_compiles_for_hopper_and_fits_an_sm(group):
     rows = compile_in_child(GROUPS[group])
-    compiled = {(tuple(case[1]), case[2], case[3], case[4]) for case, name, _ in rows if name}
+    compiled = {tuple(map(str, case)) for case, name, _ in rows if name}
     assert len(compiled) == len(GROUPS[group]), f"cases without a Gluon kernel: {rows}"
-    problems = [f"{case[0]} {tuple(case[1])} {case[2]} causal={case[3]} deterministic={case[4]}: {p}"
+    problems = [f"{case[0]} {tuple(case[1])} {case[2]} causal={case[3]} deterministic={case[4]} mutant={case[5]}: {p}"
                 for case, _, found in rows for p in found]
     assert not problems, "\n".join(problems)
 
@@ -194,6 +203,6 @@ def test_every_gluon_kernel_compiles_for_hopper_and_fits_an_sm(group):
 def test_a_table_entry_past_hoppers_shared_memory_is_caught():
     """The check can fail: one more Q/dO ring slot at d 128 puts the dK/dV kernel's buffers past
     227 KiB (it already holds K and V, two slots, P, dS and dQ's staging)."""
-    rows = compile_in_child([("backward", (1, 2, 300, 128), "bfloat16", False, False)], extra_backward_stages=1)
+    rows = compile_in_child([("backward", (1, 2, 300, 128), "bfloat16", False, False, 0)], extra_backward_stages=1)
     [(_, name, problems)] = rows
     assert name == "_flash_bwd_dkdv_kernel" and any("shared memory" in p for p in problems), rows
