@@ -3,15 +3,18 @@ suite's compile check builds (properties/test_gluon_kernels_compile.py), its sha
 spills, and the warpgroup waits ptxas injects (warning C7517: a wgmma's accumulator registers
 read where ptxas cannot prove the wgmma retired, so it waits for every wgmma in flight).
 
-    env -u TRITON_INTERPRET PYTHONPATH=. python perf/scripts/gluon_ptxas_report.py [--sass DIR]
+    env -u TRITON_INTERPRET PYTHONPATH=. python perf/scripts/gluon_ptxas_report.py [--sass DIR] [--module PATH]
 
 --sass DIR also writes each kernel's SASS (cuobjdump) there, to find where a wait landed.
+--module PATH reports on a copy of flash_gluon.py instead (a variant, before any GPU runs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import sys
 import re
 import subprocess
 import tempfile
@@ -19,7 +22,8 @@ from pathlib import Path
 
 from triton.backends.nvidia.compiler import get_ptxas
 
-from properties.test_gluon_kernels_compile import GROUPS, compile_launch, fg, gluon_launches
+import properties.test_gluon_kernels_compile as check
+from properties.test_gluon_kernels_compile import GROUPS, compile_launch, gluon_launches
 
 
 def ptxas_lines(ptx: str) -> list[str]:
@@ -34,7 +38,14 @@ def ptxas_lines(ptx: str) -> list[str]:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sass", default=None)
+    p.add_argument("--module", default=None)
     a = p.parse_args()
+    if a.module:  # the compile check's plans, built from the variant's tables and kernels
+        spec = importlib.util.spec_from_file_location("gluon_variant", a.module)
+        check.fg = importlib.util.module_from_spec(spec)
+        sys.modules["gluon_variant"] = check.fg  # dataclasses look their module up
+        spec.loader.exec_module(check.fg)
+    fg = check.fg
     fg._validate = lambda q, k, v, causal, scale: scale or q.shape[-1] ** -0.5
     for group, cases in GROUPS.items():
         for case in cases:
