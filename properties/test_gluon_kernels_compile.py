@@ -206,3 +206,17 @@ def test_a_table_entry_past_hoppers_shared_memory_is_caught():
     rows = compile_in_child([("backward", (1, 2, 300, 128), "bfloat16", False, False, 0)], extra_backward_stages=1)
     [(_, name, problems)] = rows
     assert name == "_flash_bwd_dkdv_kernel" and any("shared memory" in p for p in problems), rows
+
+
+def test_the_fit_check_names_each_thing_a_kernel_lacks():
+    """The other two properties can fail too: a compiled kernel (its metadata and assembly, as
+    Triton hands them back) without warp specialisation or register hand-out is named for each."""
+    from types import SimpleNamespace
+
+    def compiled(shared, ttgir, ptx):
+        return SimpleNamespace(metadata=SimpleNamespace(shared=shared), asm={"ttgir": ttgir, "ptx": ptx})
+
+    fits = compiled(HOPPER_SHARED_BYTES, "ttg.warp_specialize", "setmaxnreg.inc.sync.aligned.u32 240;")
+    assert check_fits_hopper("k", fits) == []
+    lacks = check_fits_hopper("k", compiled(HOPPER_SHARED_BYTES + 16, "scf.for", "mma.sync"))
+    assert [p.split(":")[1].split()[0] for p in lacks] == ["232464", "not", "its"], lacks
