@@ -219,4 +219,5 @@ def test_the_fit_check_names_each_thing_a_kernel_lacks():
     fits = compiled(HOPPER_SHARED_BYTES, "ttg.warp_specialize", "setmaxnreg.inc.sync.aligned.u32 240;")
     assert check_fits_hopper("k", fits) == []
     lacks = check_fits_hopper("k", compiled(HOPPER_SHARED_BYTES + 16, "scf.for", "mma.sync"))
-    assert [p.split(":")[1].split()[0] for p in lacks] == ["232464", "not", "its"], lacks
+    assert len(lacks) == 3, lacks
+    assert "shared memory" in lacks[0] and "not warp-specialised" in lacks[1] and "setmaxnreg" in lacks[2], lacks
