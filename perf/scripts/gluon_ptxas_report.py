@@ -1,5 +1,5 @@
 """What ptxas makes of the Gluon kernels, on any machine (no GPU): per kernel of each plan the
-suite's compile check builds (properties/test_gluon_kernels_compile.py), its shared memory,
+suite's compile check builds (conformance/laws/attention/hopper_compile.py), its shared memory,
 spills, and the warpgroup waits ptxas injects (warning C7517: a wgmma's accumulator registers
 read where ptxas cannot prove the wgmma retired, so it waits for every wgmma in flight).
 
@@ -22,8 +22,7 @@ from pathlib import Path
 
 from triton.backends.nvidia.compiler import get_ptxas
 
-import properties.test_gluon_kernels_compile as check
-from properties.test_gluon_kernels_compile import GROUPS, compile_launch, gluon_launches
+from conformance.laws.attention.hopper_compile import compile_launch, cpu_plans, gluon_launches, plan_cases
 
 
 def ptxas_lines(ptx: str) -> list[str]:
@@ -42,14 +41,15 @@ def main():
     a = p.parse_args()
     if a.module:  # the compile check's plans, built from the variant's tables and kernels
         spec = importlib.util.spec_from_file_location("gluon_variant", a.module)
-        check.fg = importlib.util.module_from_spec(spec)
-        sys.modules["gluon_variant"] = check.fg  # dataclasses look their module up
-        spec.loader.exec_module(check.fg)
-    fg = check.fg
-    fg._validate = lambda q, k, v, causal, scale: scale or q.shape[-1] ** -0.5
-    for group, cases in GROUPS.items():
+        fg = importlib.util.module_from_spec(spec)
+        sys.modules["gluon_variant"] = fg  # dataclasses look their module up
+        spec.loader.exec_module(fg)
+    else:
+        fg = importlib.import_module("impl.attention.flash_gluon")
+    cpu_plans(fg)
+    for group, cases in plan_cases(fg.MUTANTS).items():
         for case in cases:
-            for name, launch, tensors in gluon_launches(*case):
+            for name, launch, tensors in gluon_launches(fg, *case):
                 compiled = compile_launch(launch, tensors)
                 label = f"{group} {case[1]} {case[2]} causal={case[3]} det={case[4]} {name}"
                 print(f"{label}: shared {compiled.metadata.shared} B")
