@@ -48,7 +48,9 @@ Schedule
     is in flight, then waits for it, frees V's slot and rescales O by exp(m_{j-1} - m_j).
     Backward: a dK/dV kernel (one program per key tile, 64 keys a consumer, Q_i and dO_i
     from the ring) that reads D_i = rowsum(dO_i * O_i) and L; P = exp(S - L) is recomputed
-    and N_q x N_k is never stored.  d 64: five products a tile; the dK/dV kernel also
+    and N_q x N_k is never stored.  Its loader warp also reads each Q_i's rows of L and D
+    into a float32 ring beside Q's (mbarrier stats_ready; freed with Q's slot), so the
+    consumers take them from shared memory, their global loads out of the loop.  d 64: five products a tile; the dK/dV kernel also
     forms dS_i K over its keys and adds it into a float32 dQ by a TMA reduction, between a
     kernel that stores D and zeroes dQ and one that scales and casts it.  The consumers
     write their halves of dS_i^T into one of two shared-memory slots (mbarriers ds_full,
@@ -199,6 +201,40 @@ if GLUON_IMPORT_ERROR is None:
             mbarrier.wait(b_empty.index(slot), phase ^ 1)
             mbarrier.expect(b_ready.index(slot), b_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(b_desc, [b_i, h_i, row, 0], b_ready.index(slot), b_bufs.index(slot))
+
+    @gluon.jit
+    def _load_ring_with_stats(q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty, stats,
+                              stats_ready, lse_ptr, delta_ptr, row0, n_q, b_i, h_i, first_tile, n_tiles,
+                              BLOCK: gl.constexpr, STAGES: gl.constexpr):
+        """_load_ring of Q and dO for the dK/dV consumers, and each query tile's L (in log2 units;
+        inf past the end, so that P is 0 there) and D, read by this warp into ``stats`` (slot s:
+        L at 2 s, D at 2 s + 1) and completed on stats_ready.  A slot's L and D are free when its
+        Q is (q_empty): each consumer reads them before it releases Q.  One warp's loads, ahead
+        of the tile, replace each consumer's own, whose latency sat in its loop before the first
+        exp2 (ncu, d 128 dK/dV: perf/results/2026-11-28-h200-dq-staging-and-goals/)."""
+        layout: gl.constexpr = gl.BlockedLayout([BLOCK // 32], [32], [1], [0])
+        for i in range(n_tiles):
+            slot = i % STAGES
+            phase = (i // STAGES) & 1
+            row = (first_tile + i) * BLOCK
+            mbarrier.wait(q_empty.index(slot), phase ^ 1)  # frees the slot's L and D too
+            mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [b_i, h_i, row, 0], q_ready.index(slot), q_bufs.index(slot))
+            mbarrier.wait(do_empty.index(slot), phase ^ 1)
+            mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(do_desc, [b_i, h_i, row, 0], do_ready.index(slot), do_bufs.index(slot))
+            rows = row + gl.arange(0, BLOCK, layout=layout)
+            in_q = rows < n_q
+            lse = gl.load(lse_ptr + row0 + rows, mask=in_q, other=float("inf"))
+            stats.index(2 * slot).store(lse * 1.4426950408889634)
+            stats.index(2 * slot + 1).store(gl.load(delta_ptr + row0 + rows, mask=in_q, other=0.0))
+            mbarrier.arrive(stats_ready.index(slot), count=1)  # Triton syncs the warp first: all 32 lanes' stores
+
+    @gluon.jit
+    def _tile_stats(stats, stats_ready, slot, phase, layout: gl.constexpr):
+        """The L (log2 units) and D of the query tile in ring slot ``slot``, in ``layout``."""
+        mbarrier.wait(stats_ready.index(slot), phase)
+        return stats.index(2 * slot).load(layout), stats.index(2 * slot + 1).load(layout)
 
     @gluon.jit
     def _online_softmax(s, m_i, l_i, key_start, q_start, n_k, qk_scale,
@@ -589,20 +625,10 @@ if GLUON_IMPORT_ERROR is None:
         _tma_reduce_add(dqacc_desc, [b_i, h_i, q_start, col], dq_smem)
 
     @gluon.jit
-    def _query_stats(lse_ptr, delta_ptr, row0, q_start, n_q, BLOCK_M: gl.constexpr, layout: gl.constexpr):
-        """A tile of queries from q_start: their indices, which exist, L in log2 units (inf past
-        the end, so that P is 0 there) and D, in ``layout``."""
-        queries = q_start + gl.arange(0, BLOCK_M, layout=layout)
-        in_q = queries < n_q
-        lse2 = gl.load(lse_ptr + row0 + queries, mask=in_q, other=float("inf")) * 1.4426950408889634
-        delta = gl.load(delta_ptr + row0 + queries, mask=in_q, other=0.0)
-        return queries, in_q, lse2, delta
-
-    @gluon.jit
     def _bwd_dkdv_consumer(k_tile, v_tile, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                           dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k, n_tiles,
+                           dk_ptr, dv_ptr, stats, stats_ready, b_i, h_i, key_start, first_tile, n_q, n_k, n_tiles,
                            qk_scale, sm_scale, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                           row0, k_full, ds_bufs, ds_full, ds_free, dq_smem, dqacc_desc,
+                           k_full, ds_bufs, ds_full, ds_free, dq_smem, dqacc_desc,
                            IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, FUSE_DQ: gl.constexpr,
                            WG: gl.constexpr, MUTANT: gl.constexpr):
@@ -631,13 +657,15 @@ if GLUON_IMPORT_ERROR is None:
             slot = i % STAGES
             phase = (i // STAGES) & 1
             q_start = (first_tile + i) * BLOCK_M
-            queries, in_q, lse2, delta = _query_stats(lse_ptr, delta_ptr, row0, q_start, n_q, BLOCK_M, col_layout)
+            queries = q_start + gl.arange(0, BLOCK_M, layout=col_layout)
+            in_q = queries < n_q
             q_tile = _tile(q_bufs, slot, BLOCK_M, HEAD_DIM)
             do_tile = _tile(do_bufs, slot, BLOCK_M, HEAD_DIM)
             mbarrier.wait(q_ready.index(slot), phase)
             st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             mbarrier.wait(do_ready.index(slot), phase)
             dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            lse2, delta = _tile_stats(stats, stats_ready, slot, phase, col_layout)  # from the loader warp
             if FUSE_DQ:
                 if i > 0:
                     if (i - 1) % 2 == WG:  # tile i - 1's dQ partial, this consumer's turn (retired there)
@@ -692,9 +720,9 @@ if GLUON_IMPORT_ERROR is None:
 
     @gluon.jit
     def _bwd_dkdv_rows_consumer(k_tile, v_tile, k_full, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready,
-                                do_empty, dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q,
+                                do_empty, dk_ptr, dv_ptr, stats, stats_ready, b_i, h_i, key_start, first_tile, n_q,
                                 n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
-                                stride_vb, stride_vh, stride_vn, row0, p_smem, ds_bufs, ds_full, ds_free, dq_smem,
+                                stride_vb, stride_vh, stride_vn, p_smem, ds_bufs, ds_full, ds_free, dq_smem,
                                 dqacc_desc, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                 HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
                                 MUTANT: gl.constexpr):
@@ -725,13 +753,15 @@ if GLUON_IMPORT_ERROR is None:
             slot = i % STAGES
             phase = (i // STAGES) & 1
             q_start = (first_tile + i) * BLOCK_M
-            queries, in_q, lse2, delta = _query_stats(lse_ptr, delta_ptr, row0, q_start, n_q, BLOCK_M, row_layout)
+            queries = q_start + gl.arange(0, BLOCK_M, layout=row_layout)
+            in_q = queries < n_q
             q_tile = _tile(q_bufs, slot, BLOCK_M, HEAD_DIM)
             do_tile = _tile(do_bufs, slot, BLOCK_M, HEAD_DIM)
             mbarrier.wait(q_ready.index(slot), phase)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(do_ready.index(slot), phase)
             dp = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            lse2, delta = _tile_stats(stats, stats_ready, slot, phase, row_layout)  # from the loader warp
             s, dp = warpgroup_mma_wait(0, deps=(s, dp))
             p = gl.exp2(s * qk_scale - lse2[:, None])
             crosses_end = q_start + BLOCK_M > n_q or key_start + BLOCK_N > n_k
@@ -815,6 +845,11 @@ if GLUON_IMPORT_ERROR is None:
             mbarrier.init(q_empty.index(i), count=2)  # one arrival from each consumer warpgroup
             mbarrier.init(do_ready.index(i), count=1)
             mbarrier.init(do_empty.index(i), count=2)
+        # Each Q slot's L and D (float32 rows), filled by the loader warp (_load_ring_with_stats)
+        stats = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        stats_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(stats_ready.index(i), count=1)
         if ROWS:  # P of each consumer; dS in two slots of two halves (one a consumer); dQ's staging buffers
             pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KEYS], dtype)
             p_0 = gl.allocate_shared_memory(dtype, [BLOCK_M, KEYS], pds_layout)
@@ -837,19 +872,20 @@ if GLUON_IMPORT_ERROR is None:
             gl.warp_specialize([
                 (_bwd_dkdv_rows_consumer, (k_tile.slice(0, KEYS), v_tile.slice(0, KEYS), k_tile, fixed_bar,
                                            q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                                           dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q,
+                                           dk_ptr, dv_ptr, stats, stats_ready, b_i, h_i, key_start, first_tile, n_q,
                                            n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
-                                           stride_vb, stride_vh, stride_vn, bh * n_q, p_0, ds_bufs, ds_full, ds_free,
+                                           stride_vb, stride_vh, stride_vn, p_0, ds_bufs, ds_full, ds_free,
                                            dq_0, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, 0, MUTANT)),
                 (_bwd_dkdv_rows_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), k_tile, fixed_bar,
                                            q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                                           dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start + KEYS,
+                                           dk_ptr, dv_ptr, stats, stats_ready, b_i, h_i, key_start + KEYS,
                                            first_tile, n_q, n_k, n_tiles, qk_scale, sm_scale,
                                            stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                                           bh * n_q, p_1, ds_bufs, ds_full, ds_free,
+                                           p_1, ds_bufs, ds_full, ds_free,
                                            dq_1, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, 1, MUTANT)),
-                (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                              b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
+                (_load_ring_with_stats, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                                         stats, stats_ready, lse_ptr, delta_ptr, bh * n_q, n_q, b_i, h_i, first_tile,
+                                         n_tiles, BLOCK_M, STAGES)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             if FUSE_DQ:  # dS^T of the program's keys in two slots, and a consumer's partial on its way
@@ -867,18 +903,19 @@ if GLUON_IMPORT_ERROR is None:
             gl.warp_specialize([
                 (_bwd_dkdv_consumer, (k_tile.slice(0, KEYS), v_tile.slice(0, KEYS), fixed_bar,
                                       q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                                      dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start, first_tile, n_q, n_k,
+                                      dk_ptr, dv_ptr, stats, stats_ready, b_i, h_i, key_start, first_tile, n_q, n_k,
                                       n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
-                                      stride_vb, stride_vh, stride_vn, bh * n_q, k_tile, ds_bufs, ds_full, ds_free,
+                                      stride_vb, stride_vh, stride_vn, k_tile, ds_bufs, ds_full, ds_free,
                                       dq_0, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, 0, MUTANT)),
                 (_bwd_dkdv_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), fixed_bar,
                                       q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                                      dk_ptr, dv_ptr, lse_ptr, delta_ptr, b_i, h_i, key_start + KEYS, first_tile, n_q,
+                                      dk_ptr, dv_ptr, stats, stats_ready, b_i, h_i, key_start + KEYS, first_tile, n_q,
                                       n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
-                                      stride_vb, stride_vh, stride_vn, bh * n_q, k_tile, ds_bufs, ds_full, ds_free,
+                                      stride_vb, stride_vh, stride_vn, k_tile, ds_bufs, ds_full, ds_free,
                                       dq_1, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, FUSE_DQ, 1, MUTANT)),
-                (_load_ring, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
-                              b_i, h_i, first_tile, n_tiles, BLOCK_M, STAGES)),
+                (_load_ring_with_stats, (q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
+                                         stats, stats_ready, lse_ptr, delta_ptr, bh * n_q, n_q, b_i, h_i, first_tile,
+                                         n_tiles, BLOCK_M, STAGES)),
             ], [4, 1], [CONSUMER_REGS, 24])
 
 
