@@ -1,6 +1,7 @@
 """Verdicts of mutant and control runs that timing must not decide.  A Gluon run's child
-process is killed as hung only for time it spends running, not compiling, since a call of
-the implementation last started: a cold Triton cache or a loaded GPU must not read as a
+process is killed as hung only for time it spends running, not compiling, since its last
+progress (a call of the implementation starting, a float64 reference starting or done): a
+cold Triton cache, a loaded GPU or a law that judges after all its calls must not read as a
 hang, and a kernel that never finishes must still be caught
 (``conformance.laws.attention.rejection``).  A failure Hypothesis could not replay (a race) is
 still a rejection (``conformance.lawbook.first_failure_line``)."""
@@ -97,3 +98,20 @@ def test_the_child_program_reports_a_real_budget_cut(monkeypatch):
     lines = done.stdout.splitlines()
     assert any(line.startswith(rejection.BUDGET_CUT) for line in lines), done.stdout[-2000:] + done.stderr[-2000:]
     assert lines[-1] == "VERDICT:"
+
+
+def test_a_law_that_judges_after_its_calls_is_not_hung_by_its_references():
+    # results_do_not_depend_on_earlier_calls makes all its calls (the case and its neighbours),
+    # then computes a float64 reference for each: counted from the calls alone, that stretch is
+    # as long as all the references together.  Here each reference is held 0.5 s and the limit
+    # is 2.5 s (counted from the imports' end): the law's references in a row are past it, any
+    # one of them is not.
+    slowed = ("from conformance.laws.attention import laws as _slowed\n_plain = _slowed.references\n"
+              "def _held(*args, **kwargs):\n    time.sleep(0.5)\n    return _plain(*args, **kwargs)\n"
+              "_slowed.references = _held\nprint('PROGRESS', flush=True)\n")
+    code = rejection._CHILD.format(law="results_do_not_depend_on_earlier_calls", target=rejection.CONTROL,
+                                   examples=1, flavour="pytorch")
+    proc = _child(slowed + code)
+    lines, hung, stderr = rejection.watch_for_progress(proc, limit_s=2.5, compile_allowance_s=60.0)
+    assert not hung, "the child was killed as hung while it computed its references"
+    assert lines[-1] == "VERDICT:", stderr[-2000:]

@@ -53,8 +53,14 @@ SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None)
 # A kernel whose barriers wait on a phase that never comes hangs the process on the GPU, where
 # nothing can interrupt it: the Gluon flavour's runs go to a child process, and a child that
 # makes no progress for this long rejects the target as hung.  Progress is a call of the
-# implementation starting through the laws' ``call`` (the child says "PROGRESS"): a run of many
-# examples on a GPU that other workers load is slow, not hung.  Spec checks call the target
+# implementation starting through the laws' ``call``, or a float64 reference starting or done
+# (``references``; the child says "PROGRESS" for each): a run of many examples on a GPU that
+# other workers load is slow, not hung.  A law that judges its calls after all have run
+# (results_do_not_depend_on_earlier_calls: seven calls, then seven references with gradients)
+# spends that whole stretch without a call starting (its slowest example took 26 s in all on an
+# H200 that twelve workers shared).  The child waits for each reference's GPU work before it
+# says it is done.  A hung kernel still shows: that wait, or the judging's first read of its
+# output, never returns, and no progress follows.  Spec checks call the target
 # themselves, so for them the whole run's time counts.  Time spent compiling is not counted either (the child
 # reports each Triton compile's start and end): a cold cache on a loaded machine compiles for
 # longer than any call that finishes takes, and is no hang.
@@ -82,6 +88,16 @@ def _call_with_progress(*args, **kwargs):
     print('PROGRESS', flush=True)
     return _call(*args, **kwargs)
 _laws.call = _call_with_progress
+_references = _laws.references
+import torch
+def _references_with_progress(*args, **kwargs):
+    print('PROGRESS', flush=True)
+    refs = _references(*args, **kwargs)
+    if torch.cuda.is_available():  # done means computed, not queued
+        torch.cuda.synchronize()
+    print('PROGRESS', flush=True)
+    return refs
+_laws.references = _references_with_progress
 import warnings
 from conformance.lawbook import LawBudgetWarning
 from conformance.laws.attention.rejection import BUDGET_CUT, rejection
