@@ -50,7 +50,8 @@ Schedule
     from the ring) that reads D_i = rowsum(dO_i * O_i) and L; P = exp(S - L) is recomputed
     and N_q x N_k is never stored.  Its loader warp also reads each Q_i's rows of L and D
     into a float32 ring beside Q's (mbarrier stats_ready; freed with Q's slot), so the
-    consumers take them from shared memory, their global loads out of the loop.  d 64: five products a tile; the dK/dV kernel also
+    consumers take them from shared memory, their global loads out of the loop.
+    d 64: five products a tile; the dK/dV kernel also
     forms dS_i K over its keys and adds it into a float32 dQ by a TMA reduction, between a
     kernel that stores D and zeroes dQ and one that scales and casts it.  The consumers
     write their halves of dS_i^T into one of two shared-memory slots (mbarriers ds_full,
@@ -846,7 +847,8 @@ if GLUON_IMPORT_ERROR is None:
             mbarrier.init(do_ready.index(i), count=1)
             mbarrier.init(do_empty.index(i), count=2)
         # Each Q slot's L and D (float32 rows), filled by the loader warp (_load_ring_with_stats)
-        stats = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        stats = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M],
+                                          gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         stats_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(stats_ready.index(i), count=1)
