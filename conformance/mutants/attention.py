@@ -405,6 +405,9 @@ GLUON_BACKWARD_SPECS = (
     ("last_dq_partial_never_added",
      "impl's Gluon backward (five products, d 64) stages each tile's dS K partial under the next tile's products "
      "and never adds the last tile's: the last query tile a key tile sees loses that key tile's share of dQ"),
+    ("stats_read_from_the_next_slot",
+     "impl's Gluon backward (the dK/dV kernel, every form) reads a query tile's L and D from the ring slot after "
+     "the tile's own: P = exp(S - L) and dS = P (dP - D) use another tile's rows (or rows never written there)"),
 )
 # The host path's: a call's launches replayed from a CUDA graph (impl/attention/call_graphs.py; the
 # mutant's target switches the graphs on).

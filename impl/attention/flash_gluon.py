@@ -232,9 +232,12 @@ if GLUON_IMPORT_ERROR is None:
             mbarrier.arrive(stats_ready.index(slot), count=1)  # Triton syncs the warp first: all 32 lanes' stores
 
     @gluon.jit
-    def _tile_stats(stats, stats_ready, slot, phase, layout: gl.constexpr):
+    def _tile_stats(stats, stats_ready, slot, phase, layout: gl.constexpr, STAGES: gl.constexpr,
+                    MUTANT: gl.constexpr):
         """The L (log2 units) and D of the query tile in ring slot ``slot``, in ``layout``."""
         mbarrier.wait(stats_ready.index(slot), phase)
+        if MUTANT == 9:  # the kept mutant 9 reads the rows of the slot after its own
+            slot = (slot + 1) % STAGES
         return stats.index(2 * slot).load(layout), stats.index(2 * slot + 1).load(layout)
 
     @gluon.jit
@@ -666,7 +669,7 @@ if GLUON_IMPORT_ERROR is None:
             st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             mbarrier.wait(do_ready.index(slot), phase)
             dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-            lse2, delta = _tile_stats(stats, stats_ready, slot, phase, col_layout)  # from the loader warp
+            lse2, delta = _tile_stats(stats, stats_ready, slot, phase, col_layout, STAGES, MUTANT)  # from the loader warp
             if FUSE_DQ:
                 if i > 0:
                     if (i - 1) % 2 == WG:  # tile i - 1's dQ partial, this consumer's turn (retired there)
@@ -762,7 +765,7 @@ if GLUON_IMPORT_ERROR is None:
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(do_ready.index(slot), phase)
             dp = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            lse2, delta = _tile_stats(stats, stats_ready, slot, phase, row_layout)  # from the loader warp
+            lse2, delta = _tile_stats(stats, stats_ready, slot, phase, row_layout, STAGES, MUTANT)  # from the loader warp
             s, dp = warpgroup_mma_wait(0, deps=(s, dp))
             p = gl.exp2(s * qk_scale - lse2[:, None])
             crosses_end = q_start + BLOCK_M > n_q or key_start + BLOCK_N > n_k
@@ -955,7 +958,8 @@ BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128,
 # Kept mutants of the schedule and the host path (conformance.mutants.attention): 0 is the kernel.
 MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3,
            "last_dq_partial_never_added": 4, "discarded_split_counted": 5, "q_freed_before_its_last_scores": 6,
-           "graph_keyed_without_outputs": 7, "bound_key_without_strides": 8}
+           "graph_keyed_without_outputs": 7, "bound_key_without_strides": 8,
+           "stats_read_from_the_next_slot": 9}
 GRAPH_KEYED_WITHOUT_OUTPUTS = 7  # host mutants: the kernels are the unmutated ones
 BOUND_KEY_WITHOUT_STRIDES = 8
 HOST_MUTANTS = ("graph_keyed_without_outputs", "bound_key_without_strides")  # show only when a call recurs

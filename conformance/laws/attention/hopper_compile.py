@@ -62,8 +62,8 @@ def plan_cases(mutants: dict) -> dict:
             for name in ("v_slot_freed_before_its_product", "ready_phase_off_by_one", "rescale_skipped",
                          "q_freed_before_its_last_scores")]
     kept += [("forward", (1, 1, 2048, 64), "bfloat16", False, False, mutants["discarded_split_counted"])]
-    kept += [("backward", (1, 2, 300, d), "bfloat16", False, False, mutants["last_dq_partial_never_added"])
-             for d in (64, 128)]
+    kept += [("backward", (1, 2, 300, d), "bfloat16", False, False, mutants[name])
+             for d in (64, 128) for name in ("last_dq_partial_never_added", "stats_read_from_the_next_slot")]
     return forward | backward | {"kept-mutants": kept}
 
 
