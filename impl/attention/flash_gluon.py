@@ -409,6 +409,9 @@ if GLUON_IMPORT_ERROR is None:
                 if MUTANT == 1:  # the kept mutant 1 hands V_j's slot back as soon as V_j lands, a product early
                     mbarrier.wait(v_ready.index(slot), ((c + j) // STAGES) & 1)
                     _release(v_empty, slot)
+                if HEAD_DIM > 64:  # ptxas hoists the wait below above the softmax (SASS: no overlap with P V)
+                    if n_k < 0:  # never taken: a block boundary it does not move the wait across
+                        gl.store(lse_ptr + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), l_i)
                 acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
                 if MUTANT != 1:
                     _release(v_empty, prev)
