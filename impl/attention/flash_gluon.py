@@ -189,19 +189,23 @@ if GLUON_IMPORT_ERROR is None:
         mbarrier.arrive(empty_bars.index(slot), count=1)
 
     @gluon.jit
+    def _load_pair(a_desc, b_desc, a_bufs, b_bufs, a_ready, a_empty, b_ready, b_empty, b_i, h_i, row, slot, phase):
+        """The loader warp's one step of a ring: the tiles of A and B at ``row`` into ring slot
+        ``slot``, each once its consumers have freed the slot (empty barrier, phase ``phase ^ 1``)."""
+        mbarrier.wait(a_empty.index(slot), phase ^ 1)
+        mbarrier.expect(a_ready.index(slot), a_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(a_desc, [b_i, h_i, row, 0], a_ready.index(slot), a_bufs.index(slot))
+        mbarrier.wait(b_empty.index(slot), phase ^ 1)
+        mbarrier.expect(b_ready.index(slot), b_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(b_desc, [b_i, h_i, row, 0], b_ready.index(slot), b_bufs.index(slot))
+
+    @gluon.jit
     def _load_ring(a_desc, b_desc, a_bufs, b_bufs, a_ready, a_empty, b_ready, b_empty,
                    b_i, h_i, first_tile, n_tiles, BLOCK: gl.constexpr, STAGES: gl.constexpr):
         """The loader warp: tiles first_tile .. first_tile + n_tiles - 1 of A and B, in order."""
         for i in range(n_tiles):
-            slot = i % STAGES
-            phase = (i // STAGES) & 1
-            row = (first_tile + i) * BLOCK
-            mbarrier.wait(a_empty.index(slot), phase ^ 1)
-            mbarrier.expect(a_ready.index(slot), a_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, [b_i, h_i, row, 0], a_ready.index(slot), a_bufs.index(slot))
-            mbarrier.wait(b_empty.index(slot), phase ^ 1)
-            mbarrier.expect(b_ready.index(slot), b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(b_desc, [b_i, h_i, row, 0], b_ready.index(slot), b_bufs.index(slot))
+            _load_pair(a_desc, b_desc, a_bufs, b_bufs, a_ready, a_empty, b_ready, b_empty, b_i, h_i,
+                       (first_tile + i) * BLOCK, i % STAGES, (i // STAGES) & 1)
 
     @gluon.jit
     def _load_ring_with_stats(q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty, stats,
@@ -218,12 +222,9 @@ if GLUON_IMPORT_ERROR is None:
             slot = i % STAGES
             phase = (i // STAGES) & 1
             row = (first_tile + i) * BLOCK
-            mbarrier.wait(q_empty.index(slot), phase ^ 1)  # frees the slot's L and D too
-            mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [b_i, h_i, row, 0], q_ready.index(slot), q_bufs.index(slot))
-            mbarrier.wait(do_empty.index(slot), phase ^ 1)
-            mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(do_desc, [b_i, h_i, row, 0], do_ready.index(slot), do_bufs.index(slot))
+            # Q's empty barrier frees the slot's L and D too
+            _load_pair(q_desc, do_desc, q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty, b_i, h_i, row, slot,
+                       phase)
             rows = row + gl.arange(0, BLOCK, layout=layout)
             in_q = rows < n_q
             lse = gl.load(lse_ptr + row0 + rows, mask=in_q, other=float("inf"))
@@ -336,16 +337,8 @@ if GLUON_IMPORT_ERROR is None:
             mbarrier.expect(q_ready, q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [b_i, h_i, q_start, 0], q_ready, q_smem)
             for j in range(n_tiles):
-                slot = c % STAGES
-                phase = (c // STAGES) & 1
-                mbarrier.wait(k_empty.index(slot), phase ^ 1)
-                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [b_i, h_i, (first + j) * BLOCK_N, 0], k_ready.index(slot),
-                                                k_bufs.index(slot))
-                mbarrier.wait(v_empty.index(slot), phase ^ 1)
-                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [b_i, h_i, (first + j) * BLOCK_N, 0], v_ready.index(slot),
-                                                v_bufs.index(slot))
+                _load_pair(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, b_i, h_i,
+                           (first + j) * BLOCK_N, c % STAGES, (c // STAGES) & 1)
                 c += 1
             n_items += 1
 
