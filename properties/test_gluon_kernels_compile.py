@@ -6,7 +6,8 @@ interpreter), and the result must fit one Hopper SM: at most 227 KiB of shared m
 block, its consumer and loader partitions really warp-specialised (the schedule the module's
 docstring describes), their registers handed out by ``setmaxnreg``.  No GPU is needed: a
 kernel that no longer compiles, or a table entry whose buffers overflow shared memory, fails
-in CI instead of on the first Hopper machine.  The laws that run the kernels stay "not run
+in CI instead of on the first Hopper machine.  The d 128 forward's loop must also run its
+softmax under the P V product (``check_softmax_overlaps_pv``: ptxas hoists the wait otherwise).  The laws that run the kernels stay "not run
 here" without one."""
 
 from __future__ import annotations
@@ -46,6 +47,17 @@ def test_a_table_entry_past_hoppers_shared_memory_is_caught():
     rows = compile_in_child([("backward", (1, 2, 300, 128), "bfloat16", False, False, 0)], extra_backward_stages=1)
     [(_, name, problems)] = rows
     assert name == "_flash_bwd_dkdv_kernel" and any("shared memory" in p for p in problems), rows
+
+
+@needs_ptxas
+def test_a_forward_whose_softmax_waits_for_its_pv_product_is_caught():
+    """The overlap check can fail: d 64's forward keeps ptxas's hoisted wait for every product
+    (measured level with it; only d 128 holds it below the softmax), so held to the check it is
+    named."""
+    rows = compile_in_child([("forward", (2, 16, 1024, 64), "bfloat16", False, False, 0)], overlap_head_dims=(64,))
+    [(_, name, problems)] = rows
+    assert name == "_flash_fwd_kernel" and any("waits for every product before its softmax" in p
+                                               for p in problems), rows
 
 
 def test_the_fit_check_names_each_thing_a_kernel_lacks():

@@ -3,10 +3,13 @@ suite's compile check builds (conformance/laws/attention/hopper_compile.py), its
 spills, and the warpgroup waits ptxas injects (warning C7517: a wgmma's accumulator registers
 read where ptxas cannot prove the wgmma retired, so it waits for every wgmma in flight).
 
-    env -u TRITON_INTERPRET PYTHONPATH=. python perf/scripts/gluon_ptxas_report.py [--sass DIR] [--module PATH]
+    env -u TRITON_INTERPRET PYTHONPATH=. python perf/scripts/gluon_ptxas_report.py [--sass DIR] [--module PATH] [--order]
 
 --sass DIR also writes each kernel's SASS (cuobjdump) there, to find where a wait landed.
 --module PATH reports on a copy of flash_gluon.py instead (a variant, before any GPU runs it).
+--order prints each kernel's wgmma order (hopper_compile.wgmma_order: where its waits sit
+against its products and the softmax's exp2).  Two --sass folders of the same plans whose SASS
+is the same instruction for instruction (addresses aside) compiled to the same kernels.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from triton.backends.nvidia.compiler import get_ptxas
 
-from conformance.laws.attention.hopper_compile import compile_launch, cpu_plans, gluon_launches, plan_cases
+from conformance.laws.attention.hopper_compile import compile_launch, cpu_plans, gluon_launches, plan_cases, sass, wgmma_order
 
 
 def ptxas_lines(ptx: str) -> list[str]:
@@ -38,6 +41,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sass", default=None)
     p.add_argument("--module", default=None)
+    p.add_argument("--order", action="store_true")
     a = p.parse_args()
     if a.module:  # the compile check's plans, built from the variant's tables and kernels
         spec = importlib.util.spec_from_file_location("gluon_variant", a.module)
@@ -55,14 +59,12 @@ def main():
                 print(f"{label}: shared {compiled.metadata.shared} B")
                 for line in ptxas_lines(compiled.asm["ptx"]):
                     print(f"    {line}")
+                if a.order:
+                    print(f"    wgmma order: {wgmma_order(sass(compiled))}")
                 if a.sass:
                     folder = Path(a.sass)
                     folder.mkdir(parents=True, exist_ok=True)
-                    cubin = folder / (re.sub(r"[^A-Za-z0-9]+", "_", label) + ".cubin")
-                    cubin.write_bytes(compiled.asm["cubin"])
-                    tool = Path(get_ptxas(90).path).with_name("cuobjdump")
-                    cubin.with_suffix(".sass").write_text(subprocess.run([tool, "-sass", cubin], capture_output=True,
-                                                                         text=True).stdout)
+                    (folder / (re.sub(r"[^A-Za-z0-9]+", "_", label) + ".sass")).write_text(sass(compiled))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import dataclasses
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,6 +146,52 @@ def check_fits_hopper(name, compiled):
     return problems
 
 
+# Forward kernels whose loop must overlap the softmax of S_j with the product P_{j-1} V_{j-1}
+# (head dims): ptxas hoists the wait for all products above the softmax unless the kernel keeps it
+# below (impl/attention/flash_gluon.py, _fwd_consumer; d 128 full forward 2-4 % faster on an H200,
+# perf/results/2026-11-28-h200-softmax-overlap/).  d 64 keeps the hoisted wait: it measured level.
+OVERLAP_HEAD_DIMS = (128,)
+
+
+def sass(compiled) -> str:
+    """The kernel's SASS (cuobjdump, shipped beside Triton's ptxas)."""
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    tool = Path(get_ptxas(90).path).with_name("cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        return subprocess.run([str(tool), "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
+
+
+def wgmma_order(sass_text: str) -> str:
+    """The kernel's schedule in a few letters, in SASS order: G a wgmma group's last product,
+    D0 / D1 a wait for all / all but one groups, | a bar.sync, [Ne] a run of N exp2 (MUFU.EX2)."""
+    marks = []
+    for line in sass_text.splitlines():
+        if "WARPGROUP.DEPBAR.LE" in line:
+            marks.append("D" + line.split(";")[0].strip()[-1])
+        elif "MUFU.EX2" in line:
+            marks.append("e")
+        elif "HGMMA" in line and "gsb0" in line:
+            marks.append("G")
+        elif "BAR.SYNC" in line:
+            marks.append("|")
+    return re.sub(r"e{3,}", lambda run: f"[{len(run.group())}e]", "".join(marks))
+
+
+def check_softmax_overlaps_pv(name, sass_text: str) -> list[str]:
+    """A forward loop step waits for its scores (D1) and then runs the softmax before it waits for
+    every product (D0); a D0 right after a D1 means the softmax waits for P V instead of running
+    under it."""
+    order = wgmma_order(sass_text)
+    if re.search(r"D1\|*D0", order):
+        return [f"{name}: the loop waits for every product before its softmax (wgmma order {order[:120]})"]
+    return []
+
+
 def _why(exc: BaseException) -> str:
     """A compile error in a line or two: Triton's CompilationError opens with the kernel's source
     around the failing line; its cause says what failed."""
@@ -154,11 +201,12 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(text[-1].split())[:400]}"
 
 
-def report(cases, extra_backward_stages=0):
+def report(cases, extra_backward_stages=0, overlap_head_dims=OVERLAP_HEAD_DIMS):
     """Per Gluon kernel of each case's plan (impl's flavour): (case, kernel name, what it lacks,
     or why it did not compile).  ``extra_backward_stages``: the five-product backward's table
-    entries with that many more ring slots (the check's own mutant).  Changes the module's
-    tables and its Hopper check: for a process of its own (``compile_in_child``)."""
+    entries with that many more ring slots (the check's own mutant).  ``overlap_head_dims``:
+    the forwards held to check_softmax_overlaps_pv.  Changes the module's tables and its Hopper
+    check: for a process of its own (``compile_in_child``)."""
     module = importlib.import_module("impl.attention.flash_gluon")
     cpu_plans(module)
     if extra_backward_stages:
@@ -171,18 +219,23 @@ def report(cases, extra_backward_stages=0):
             rows.append((case, None, ["the plan launched no Gluon kernel"]))
         for name, launch, tensors in launches:
             try:
-                problems = check_fits_hopper(name, compile_launch(launch, tensors))
+                compiled = compile_launch(launch, tensors)
+                problems = check_fits_hopper(name, compiled)
+                if name == "_flash_fwd_kernel" and case[1][3] in overlap_head_dims:
+                    problems += check_softmax_overlaps_pv(name, sass(compiled))
             except Exception as exc:  # the finding: the kernel does not compile
                 problems = [f"{name}: does not compile: {_why(exc)}"]
             rows.append((case, name, problems))
     return rows
 
 
-def compile_in_child(cases, extra_backward_stages=0, timeout=900):
+def compile_in_child(cases, extra_backward_stages=0, overlap_head_dims=OVERLAP_HEAD_DIMS, timeout=900):
     """``report`` run in a child process without TRITON_INTERPRET; its rows (cases as JSON lists)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    request = {"cases": cases, "extra_backward_stages": extra_backward_stages,
+               "overlap_head_dims": list(overlap_head_dims)}
     run = subprocess.run([sys.executable, "-m", "conformance.laws.attention.hopper_compile"],
-                         input=json.dumps({"cases": cases, "extra_backward_stages": extra_backward_stages}),
+                         input=json.dumps(request),
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
     if run.returncode != 0:
         raise RuntimeError(f"the compiling process failed (exit {run.returncode}): {run.stderr[-3000:]}")
@@ -191,4 +244,5 @@ def compile_in_child(cases, extra_backward_stages=0, timeout=900):
 
 if __name__ == "__main__":  # the child: a request on stdin, the rows on stdout
     request = json.load(sys.stdin)
-    print(json.dumps(report([tuple(c) for c in request["cases"]], request.get("extra_backward_stages", 0))))
+    print(json.dumps(report([tuple(c) for c in request["cases"]], request.get("extra_backward_stages", 0),
+                            tuple(request.get("overlap_head_dims", OVERLAP_HEAD_DIMS)))))
