@@ -7,8 +7,8 @@ block, its consumer and loader partitions really warp-specialised (the schedule 
 docstring describes), their registers handed out by ``setmaxnreg``.  No GPU is needed: a
 kernel that no longer compiles, or a table entry whose buffers overflow shared memory, fails
 in CI instead of on the first Hopper machine.  The d 128 forward's loop must also run its
-softmax under the P V product (``check_softmax_overlaps_pv``: ptxas hoists the wait otherwise).  The laws that run the kernels stay "not run
-here" without one."""
+softmax under the P V product (``check_softmax_overlaps_pv``: ptxas hoists the wait otherwise).
+The laws that run the kernels stay "not run here" without one."""
 
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from triton.backends.nvidia.compiler import get_ptxas
 
-from conformance.laws.attention.hopper_compile import compile_launch, cpu_plans, gluon_launches, plan_cases, sass, wgmma_order
+from conformance.laws.attention.hopper_compile import (compile_launch, cpu_plans, gluon_launches, plan_cases, sass,
+                                                       wgmma_order)
 
 
 def ptxas_lines(ptx: str) -> list[str]:
