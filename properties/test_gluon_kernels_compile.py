@@ -52,7 +52,7 @@ def test_a_table_entry_past_hoppers_shared_memory_is_caught():
 @needs_ptxas
 def test_a_forward_whose_softmax_waits_for_its_pv_product_is_caught():
     """The overlap check can fail: d 64's forward keeps ptxas's hoisted wait for every product
-    (measured level with it; only d 128 holds it below the softmax), so held to the check it is
+    (level or slower with it held below; only d 128 holds it), so held to the check it is
     named."""
     rows = compile_in_child([("forward", (2, 16, 1024, 64), "bfloat16", False, False, 0)], overlap_head_dims=(64,))
     [(_, name, problems)] = rows

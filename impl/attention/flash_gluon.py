@@ -47,7 +47,7 @@ Schedule
     waits for S_j alone, frees K_j's slot, runs the softmax of tile j while the P V product
     is in flight, then waits for it, frees V's slot and rescales O by exp(m_{j-1} - m_j).
     ptxas moves that last wait above the softmax unless a branch stands between them: d 128
-    has one (never taken; full attention 1.7-3.5 % faster), d 64 measured level and has none.
+    has one (never taken; full attention 1.7-3.5 % faster), d 64 none (level or slower).
     Backward: a dK/dV kernel (one program per key tile, 64 keys a consumer, Q_i and dO_i
     from the ring) that reads D_i = rowsum(dO_i * O_i) and L; P = exp(S - L) is recomputed
     and N_q x N_k is never stored.  Its loader warp also reads each Q_i's rows of L and D

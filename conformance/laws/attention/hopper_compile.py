@@ -149,7 +149,7 @@ def check_fits_hopper(name, compiled):
 # Forward kernels whose loop must overlap the softmax of S_j with the product P_{j-1} V_{j-1}
 # (head dims): ptxas hoists the wait for all products above the softmax unless the kernel keeps it
 # below (impl/attention/flash_gluon.py, _fwd_consumer; d 128 full forward 1.7-3.5 % faster on an H200,
-# perf/results/2026-11-28-h200-softmax-overlap/).  d 64 keeps the hoisted wait: it measured level.
+# perf/results/2026-11-28-h200-softmax-overlap/).  d 64 keeps the hoisted wait: level or slower.
 OVERLAP_HEAD_DIMS = (128,)
 
 
