@@ -21,7 +21,7 @@ if fg.GLUON_IMPORT_ERROR is not None:  # pragma: no cover - a Triton without Glu
     pytest.skip(f"not run here: this Triton has no Gluon ({fg.GLUON_IMPORT_ERROR})", allow_module_level=True)
 
 from conformance.laws.attention.hopper_compile import (  # noqa: E402
-    HOPPER_SHARED_BYTES, check_fits_hopper, compile_in_child, plan_cases, ptxas_missing)
+    HOPPER_SHARED_BYTES, check_fits_hopper, check_softmax_overlaps_pv, compile_in_child, plan_cases, ptxas_missing)
 
 GROUPS = plan_cases(fg.MUTANTS)
 PTXAS_MISSING = ptxas_missing()
@@ -71,3 +71,21 @@ def test_the_fit_check_names_each_thing_a_kernel_lacks():
     lacks = check_fits_hopper("k", compiled(HOPPER_SHARED_BYTES + 16, "scf.for", "mma.sync"))
     assert len(lacks) == 3, lacks
     assert "shared memory" in lacks[0] and "not warp-specialised" in lacks[1] and "setmaxnreg" in lacks[2], lacks
+
+
+def test_the_overlap_check_names_a_hoisted_wait_and_a_loop_it_cannot_see():
+    """On SASS text alone: the overlapped step passes; a wait for every product right after the
+    scores' wait (bar.syncs between or not) is named; so is a SASS without the step (empty, or
+    a loop without the softmax between its waits), so the check never passes on nothing."""
+    def text(*ops):
+        return "\n".join(f"        /*{i:04x}*/    {op} ;" for i, op in enumerate(ops))
+
+    exps = ["MUFU.EX2 R2, R2"] * 8
+    step = ["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ, gsb0", "WARPGROUP.DEPBAR.LE gsb0, 0x1",
+            "BAR.SYNC.DEFER_BLOCKING 0x0, 0x80"]
+    assert check_softmax_overlaps_pv("k", text(*step, *exps, "WARPGROUP.DEPBAR.LE gsb0, 0x0")) == []
+    hoisted = check_softmax_overlaps_pv("k", text(*step, "WARPGROUP.DEPBAR.LE gsb0, 0x0", *exps))
+    assert len(hoisted) == 1 and "before its softmax" in hoisted[0], hoisted
+    for unseen in ("", text(*exps), text(*step)):
+        missing = check_softmax_overlaps_pv("k", unseen)
+        assert len(missing) == 1 and "no loop step" in missing[0], (unseen, missing)

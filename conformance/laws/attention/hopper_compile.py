@@ -185,10 +185,14 @@ def wgmma_order(sass_text: str) -> str:
 def check_softmax_overlaps_pv(name, sass_text: str) -> list[str]:
     """A forward loop step waits for its scores (D1) and then runs the softmax before it waits for
     every product (D0); a D0 right after a D1 means the softmax waits for P V instead of running
-    under it."""
+    under it.  A SASS with no such step at all (none read, or the loop written another way) is
+    named too: the check must see the step it vouches for."""
     order = wgmma_order(sass_text)
     if re.search(r"D1\|*D0", order):
         return [f"{name}: the loop waits for every product before its softmax (wgmma order {order[:120]})"]
+    if not re.search(r"D1\|*\[\d+e\]\|*D0", order):
+        return [f"{name}: no loop step that waits for its scores, runs the softmax, then waits for P V "
+                f"(wgmma order {order[:120]!r})"]
     return []
 
 
@@ -220,11 +224,15 @@ def report(cases, extra_backward_stages=0, overlap_head_dims=OVERLAP_HEAD_DIMS):
         for name, launch, tensors in launches:
             try:
                 compiled = compile_launch(launch, tensors)
-                problems = check_fits_hopper(name, compiled)
-                if name == "_flash_fwd_kernel" and case[1][3] in overlap_head_dims:
-                    problems += check_softmax_overlaps_pv(name, sass(compiled))
             except Exception as exc:  # the finding: the kernel does not compile
-                problems = [f"{name}: does not compile: {_why(exc)}"]
+                rows.append((case, name, [f"{name}: does not compile: {_why(exc)}"]))
+                continue
+            problems = check_fits_hopper(name, compiled)
+            if name == "_flash_fwd_kernel" and case[1][3] in overlap_head_dims:
+                try:
+                    problems += check_softmax_overlaps_pv(name, sass(compiled))
+                except (OSError, subprocess.CalledProcessError) as exc:
+                    problems.append(f"{name}: its SASS could not be read (cuobjdump): {exc}")
             rows.append((case, name, problems))
     return rows
 
