@@ -12,15 +12,18 @@ A round runs ``--steps`` timed steps of each backend, the order rotated round to
 step sits between device synchronisations.  The numbers mean something on a GPU; ``--device
 cpu`` (a tiny model, say) only shows the script works.  Reported: each backend's median step and
 the median over rounds of its round median over the first backend's, with the call graphs'
-counts (``impl/attention/call_graphs.py``) over its timed steps.
+counts (``impl/attention/call_graphs.py``) over its timed steps, and the time Python's garbage
+collector took during them (``GcClock``: milliseconds and collections a step).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -29,6 +32,26 @@ from impl.attention import call_graphs
 from impl.models import gpt
 from perf.bench import model as bench
 from perf.lib.measure import time_calls
+
+
+class GcClock:
+    """Python's garbage collections during each backend's timed steps (a ``gc.callbacks`` entry):
+    collections by generation and seconds spent in them, per backend.  ``current`` names the
+    backend whose steps run; collections outside them are not counted."""
+
+    def __init__(self):
+        self.current, self.started, self.by = None, None, {}
+
+    def __call__(self, phase, info):
+        if self.current is None:
+            return
+        if phase == "start":
+            self.started = time.perf_counter()
+        elif self.started is not None:
+            counts, seconds = self.by.setdefault(self.current, ([0, 0, 0], [0.0]))
+            counts[info["generation"]] += 1
+            seconds[0] += time.perf_counter() - self.started
+            self.started = None
 
 
 def run_context(opts, context: int, device: torch.device) -> list[dict]:
@@ -44,27 +67,34 @@ def run_context(opts, context: int, device: torch.device) -> list[dict]:
         time_calls(steps[name], device, warmup=opts.warmup, steps=1)
         counts[name] = dict.fromkeys(("direct", "recorded", "replayed", "declined"), 0)
         times[name] = []
-    rounds = []
+    rounds, clock = [], GcClock()
+    gc.callbacks.append(clock)
     for r in range(opts.rounds):
         order = opts.attention[r % len(opts.attention):] + opts.attention[:r % len(opts.attention)]
         medians = {}
         for name in order:
             before = call_graphs.stats()
+            clock.current = name
             these = time_calls(steps[name], device, warmup=0, steps=opts.steps)
+            clock.current = None
             after = call_graphs.stats()
             for k in counts[name]:
                 counts[name][k] += after[k] - before[k]
             times[name] += these
             medians[name] = statistics.median(these)
         rounds.append(medians)
+    gc.callbacks.remove(clock)
     first = opts.attention[0]
     rows = []
     for name in opts.attention:
+        collections, seconds = clock.by.get(name, ([0, 0, 0], [0.0]))
+        n = len(times[name])
         rows.append(dict(context=context, attention=name, compiled=opts.compile == "on", size=opts.size,
                          batch=opts.batch, precision=opts.precision,
                          median_ms=statistics.median(times[name]) * 1e3,
                          ratio_to_first=statistics.median(m[name] / m[first] for m in rounds),
-                         rounds_ms=[m[name] * 1e3 for m in rounds], call_graphs=counts[name]))
+                         rounds_ms=[m[name] * 1e3 for m in rounds], call_graphs=counts[name],
+                         gc_ms_per_step=seconds[0] * 1e3 / n, gc_collections_per_step=[c / n for c in collections]))
     return rows
 
 
@@ -90,13 +120,18 @@ def main(argv=None):
         rows += run_context(opts, context, device)
         for r in rows[-len(opts.attention):]:
             print(f"ctx {r['context']:5d} {r['attention']:6s} compiled {r['compiled']}: median {r['median_ms']:.2f} ms, "
-                  f"/ {opts.attention[0]} {r['ratio_to_first']:.3f}  call graphs {r['call_graphs']}", flush=True)
+                  f"/ {opts.attention[0]} {r['ratio_to_first']:.3f}  call graphs {r['call_graphs']}; "
+                  f"gc {r['gc_ms_per_step']:.2f} ms a step, collections a step by generation "
+                  f"{[round(c, 2) for c in r['gc_collections_per_step']]}", flush=True)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     (out / "model_interleaved.json").write_text(json.dumps(dict(device=name, torch=torch.__version__, rows=rows), indent=1))
-    lines = [f"| context | attention | median ms | / {opts.attention[0]} (median of rounds) |", "|---:|---|---:|---:|"]
-    lines += [f"| {r['context']} | {r['attention']} | {r['median_ms']:.2f} | {r['ratio_to_first']:.3f} |" for r in rows]
+    lines = [f"| context | attention | median ms | / {opts.attention[0]} (median of rounds) | Python gc ms a step "
+             "(collections by generation) |", "|---:|---|---:|---:|---:|"]
+    lines += [f"| {r['context']} | {r['attention']} | {r['median_ms']:.2f} | {r['ratio_to_first']:.3f} | "
+              f"{r['gc_ms_per_step']:.2f} ({', '.join(f'{c:.2f}' for c in r['gc_collections_per_step'])}) |"
+              for r in rows]
     (out / "model_interleaved.md").write_text("\n".join(lines) + "\n")
     return rows
 

@@ -1,11 +1,12 @@
 """Where a GPT training step with our attention spends its time against the same step with
 SDPA: kernels launched per step (count and GPU time by name) and host time per step.
 
-    PYTHONPATH=. python perf/scripts/model_step_profile.py [--size small] [--batch 4] [--context 512] [--out DIR]
+    PYTHONPATH=. python perf/scripts/model_step_profile.py [--size small] [--batch 4] [--context 512]
+        [--backends sdpa triton] [--out DIR]
 
 One warm step, then ``--steps`` profiled steps per backend (torch.profiler, CPU and CUDA);
 writes DIR/model_step_profile.json and .md (the top kernels of each backend, and the kernels
-one backend launches that the other does not).
+the second backend launches that the first, the baseline, does not).
 """
 
 from __future__ import annotations
@@ -74,27 +75,29 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--context", type=int, nargs="+", default=[512])
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--backends", nargs=2, default=["sdpa", "triton"], help="the baseline, then the one compared")
     p.add_argument("--out", default="perf-out")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     report, lines = {}, []
     for ctx in a.context:
-        res = {b: profile_backend(b, a.size, a.batch, ctx, a.steps) for b in ("sdpa", "triton")}
+        base, other = a.backends
+        res = {b: profile_backend(b, a.size, a.batch, ctx, a.steps) for b in (base, other)}
         report[ctx] = res
         lines += [f"## {a.size}, batch {a.batch}, context {ctx}", ""]
         for b, r in res.items():
             lines.append(f"- {b}: wall {r['wall_ms_per_step']:.2f} ms/step, host issue {r['host_ms_per_step']:.2f} ms/step, "
                          f"{r['kernels_per_step']:.0f} kernels/step")
-        names = set(res["sdpa"]["kernels"]) | set(res["triton"]["kernels"])
+        names = set(res[base]["kernels"]) | set(res[other]["kernels"])
         diff = []
         for n in names:
-            s, t = res["sdpa"]["kernels"].get(n, {}), res["triton"]["kernels"].get(n, {})
+            s, t = res[base]["kernels"].get(n, {}), res[other]["kernels"].get(n, {})
             dc = t.get("count", 0) - s.get("count", 0)
             du = t.get("gpu_us", 0) - s.get("gpu_us", 0)
             if dc or abs(du) > 20:
                 diff.append((du, dc, n))
-        lines += ["", "| kernel | count/step (triton - sdpa) | GPU us/step (triton - sdpa) |", "|---|---:|---:|"]
+        lines += ["", f"| kernel | count/step ({other} - {base}) | GPU us/step ({other} - {base}) |", "|---|---:|---:|"]
         for du, dc, n in sorted(diff, key=lambda x: -abs(x[0]))[:25]:
             lines.append(f"| {n[:90]} | {dc:+.0f} | {du:+.0f} |")
         for b, r in res.items():
