@@ -1,8 +1,8 @@
 """The Gluon forward's time at CS336's short sweep points (batch 1, one head) for each split of
 the keys (split-KV), beside SDPA flash's: does ``_forward_splits`` pick the best count?
-Microseconds per call as the sweep takes them (``do_bench`` median, L2 flushed before each
-call; at these points its memset keeps the GPU behind the host, so this is device time, the
-combine included), medians of ``--rounds`` measurements, the order shuffled each round.
+Microseconds per call as the sweep takes them (``measure.median_ms``: do_bench's median, L2
+flushed before each call; at these points its memset keeps the GPU behind the host, so this is
+device time, the combine included), medians of ``--rounds`` measurements, the order shuffled each round.
 
     PYTHONPATH=. python perf/scripts/gluon_forward_splits.py [--seq 256 512 1024 2048 4096] [--rounds 5]
 
@@ -22,15 +22,15 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from impl.attention import flash_gluon as fg
-from triton.testing import do_bench
+from perf.lib.measure import median_ms
 from perf.lib.workloads import cuda_attention_inputs
 
 COUNTS = (1, 2, 4, 8, 16)
 
 
 def timed_us(fn) -> float:
-    fn()
-    return do_bench(fn, warmup=10, rep=25, return_mode="median") * 1e3
+    fn()  # builds the plan (and compiles) outside the timing
+    return median_ms(fn, "cuda", warmup_ms=10, rep_ms=25) * 1e3
 
 
 def forward_us(q, k, v, causal, splits) -> float:
@@ -38,7 +38,7 @@ def forward_us(q, k, v, causal, splits) -> float:
     fg._forward_splits = lambda items, key_tiles, device: splits
     fg._PLANS.clear()
     try:
-        return timed_us(lambda: fg.flash_forward(q, k, v, causal))  # the first call builds the plan
+        return timed_us(lambda: fg.flash_forward(q, k, v, causal))
     finally:
         fg._forward_splits = heuristic
         fg._PLANS.clear()
