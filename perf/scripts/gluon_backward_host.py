@@ -11,7 +11,7 @@ SDPA's read 2-5 % slower whatever its code), medians (and the median over rounds
     ours                 the flavour's Function (C++ pass bound to the call's key)
     floor: 3 empties     a Python Function whose backward returns three new empty gradients
     floor + saved        the same, after unpacking five saved tensors as ours does
-    floor + saved + key  the same, after the stream check and the bound look-up's Python
+    floor + saved + key  the same, after the stream check and the key's scalar check (no look-up)
     ours, one frame      ours with every check in its backward's frame (the stream's too)
     ours, pass only      a Function whose backward only calls our bound pass: the least Python
                          a node can hold (not the contract: L alone saved, O kept on ctx, no checks)
