@@ -204,16 +204,42 @@ def test_forward_splits_the_keys_only_where_query_tiles_leave_sms_idle():
     programs = fg._resident_programs(cpu)
     assert fg._forward_splits(programs, 512, cpu) == 1  # a full grid
     assert fg._forward_splits(programs // 2 + 1, 512, cpu) == 1
-    assert fg._forward_splits(1, 3, cpu) == 1  # three key tiles: two splits would leave one a tile
-    assert fg._forward_splits(1, 4, cpu) == 2
+    assert fg._forward_splits(1, 1, cpu) == 1  # one key tile: nothing to split
+    assert fg._forward_splits(1, 3, cpu) == 2  # three key tiles: four splits would leave one none
+    assert fg._forward_splits(2, 2, cpu) == 2  # B1 H1 N 256: a key tile a split
     assert fg._forward_splits(32, 32, cpu) == 4  # B1 H1 N4096 d64 (128-row tiles): 128 programs
-    assert fg._forward_splits(8, 8, cpu) == 4  # N 1024: two key tiles a split
+    assert fg._forward_splits(8, 8, cpu) == 8  # N 1024: 64 programs, a key tile each
     for items in (1, 5, 17, 40, 70):
         for key_tiles in (1, 2, 7, 64, 513):
             splits = fg._forward_splits(items, key_tiles, cpu)
             assert splits & (splits - 1) == 0 and items * splits <= max(programs, items)
             assert splits == 1 or key_tiles // splits >= fg.MIN_SPLIT_TILES
             assert items * splits * 2 > programs or key_tiles // (2 * splits) < fg.MIN_SPLIT_TILES  # the largest
+
+
+@pytest.mark.parametrize("mutant", [0, fg.MUTANTS["combine_reads_before_the_forward_ends"]])
+def test_split_forward_combine_is_a_waiting_programmatic_dependent_only_beside_idle_sms(launches, monkeypatch,
+                                                                                        mutant):
+    """The combine is launched as the split forward's programmatic dependent (it may start
+    while the forward runs) only where the forward's grid leaves half the SMs idle, and then
+    it waits for the forward (WAIT_PRIOR: griddepcontrol.wait) before reading the splits' sums;
+    its loops are unrolled for the plan's split count.  The kept mutant drops the wait."""
+    from impl.attention import flash_triton
+
+    monkeypatch.setattr(flash_triton, "_options", lambda device, num_warps, num_stages, fp_fusion=False: dict(
+        num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion))  # as on a GPU
+    sms = fg._resident_programs(torch.device("cpu"))
+    seen = set()
+    for n in (256, 1000, 2048, 4096):
+        q, k, v = _inputs((1, 1, n, 64), n, False)
+        plan, _ = fg._forward_plan(q, k, v, False, None, mutant)
+        splits = plan.launch.rest[-2]  # the launch's scalars end (..., n_splits, chunk)
+        pdl = 2 * plan.launch.grid[0] <= sms
+        seen.add(pdl)
+        assert plan.combine.constexprs["SPLITS"] == splits > 1, n
+        assert plan.combine.options["launch_pdl"] is pdl, (n, plan.launch.grid)
+        assert plan.combine.constexprs["WAIT_PRIOR"] is (pdl and not mutant), (n, plan.launch.grid)
+    assert seen == {True, False}  # both sides of the rule drawn
 
 
 def test_causal_forward_splits_only_where_every_row_sees_the_first_key_of_its_splits(launches):

@@ -393,6 +393,10 @@ GLUON_SPECS = (
     ("discarded_split_counted",
      "impl's Gluon forward on a small grid (keys in splits) stores the sums of a split that has no keys of its own "
      "(it ran key tile 0 to keep the schedule): the combine counts key tile 0 twice for those query tiles"),
+    ("combine_reads_before_the_forward_ends",
+     "impl's Gluon forward on a small grid launches the combine kernel as its programmatic dependent, but the "
+     "combine does not wait for the forward's grid to end (griddepcontrol.wait): it merges splits' sums the forward "
+     "has not stored yet"),
 )
 # Shows only where a program walks several work items (more query tiles than the GPU has SMs):
 # the contract's shapes never have that many, so the wider law alone is named.

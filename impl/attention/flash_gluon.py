@@ -42,7 +42,8 @@ Schedule
     (_forward_programs: static rounds would not balance their items).  Grids whose query
     tiles leave SMs idle (batch 1, one head: CS336's sweep) cut each tile's keys into splits
     (_forward_splits); a split stores its unnormalised acc, running max and sum in float32,
-    and the Triton flavour's combine kernel merges them into O and L.  Per key
+    and the Triton flavour's combine kernel merges them into O and L (launched as the forward's
+    programmatic dependent where the forward leaves half the SMs idle).  Per key
     tile j a consumer issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, both asynchronous;
     waits for S_j alone, frees K_j's slot, runs the softmax of tile j while the P V product
     is in flight, then waits for it, frees V's slot and rescales O by exp(m_{j-1} - m_j).
@@ -146,6 +147,14 @@ if GLUON_IMPORT_ERROR is None:
         wrapper.  Completion is awaited like a TMA store's (``tma.store_wait``)."""
         coord = _semantic._convert_to_ir_values(coord, require_i64=False)
         _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+    @gluon.jit
+    def _let_dependents_launch():
+        """griddepcontrol.launch_dependents: a kernel launched after this one as its programmatic
+        dependent (launch_pdl: the split forward's combine) may start now; it waits for this
+        grid's end itself (griddepcontrol.wait) before it reads what this grid stores."""
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
     @gluon.constexpr_function
     def _mma_layout(n, num_warps):
@@ -461,6 +470,8 @@ if GLUON_IMPORT_ERROR is None:
         # rows each, and the loader warp.
         ROWS: gl.constexpr = BLOCK_M // 2
         n_m_tiles = gl.cdiv(n_q, BLOCK_M)
+        if SPLIT:  # the combine's programs take the idle SMs and wait there (a split grid fits in one wave)
+            _let_dependents_launch()
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
@@ -957,9 +968,10 @@ BACKWARD_FUSED_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128,
 MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "rescale_skipped": 3,
            "last_dq_partial_never_added": 4, "discarded_split_counted": 5, "q_freed_before_its_last_scores": 6,
            "graph_keyed_without_outputs": 7, "bound_key_without_strides": 8,
-           "stats_read_from_the_next_slot": 9}
+           "stats_read_from_the_next_slot": 9, "combine_reads_before_the_forward_ends": 10}
 GRAPH_KEYED_WITHOUT_OUTPUTS = 7  # host mutants: the kernels are the unmutated ones
 BOUND_KEY_WITHOUT_STRIDES = 8
+COMBINE_READS_EARLY = 10  # the forward plan's combine launched early without its wait; kernels unmutated
 HOST_MUTANTS = ("graph_keyed_without_outputs", "bound_key_without_strides")  # show only when a call recurs
 
 
@@ -1038,10 +1050,18 @@ def _forward_programs(items: int, causal: bool, all_heads_one_group: bool, devic
 # Fewest key tiles a split of the forward's keys gets (_forward_splits), and the query rows a
 # program of the combine kernel merges.  On an H200 at B1 H1 (perf/scripts/gluon_small_grids.py,
 # forward and combine, us): 16-row combine programs against 64, N 2048: 10.6-11.4 against 12.4
-# (d 64), 13.6-14.4 against 16.5 (d 128); splits of one key tile instead of two at N 1024
-# within 5 % either way, so not worth a second launch at N 256.
-MIN_SPLIT_TILES = 2
+# (d 64), 13.6-14.4 against 16.5 (d 128).  Splits of one key tile (perf/scripts/
+# gluon_forward_splits.py --kernels, the combine unrolled): the forward and combine kernels take
+# 0.6-2.2 us less than two-tile splits at N 512 and 1024, and at N 256 two splits take 0.7-1.3 us
+# less than none, which the combine's launch as a programmatic dependent no longer gives back.
+MIN_SPLIT_TILES = 1
 COMBINE_ROWS = 16
+# The combine launched as the forward's programmatic dependent (launch_pdl): the forward lets it
+# launch at once (_let_dependents_launch) and it waits on the SMs the forward leaves idle, so no
+# launch gap lies between the two: 0.5-1.3 us less a call where the forward's grid leaves half the
+# SMs idle or more.  On a grid of 128 programs it cost 0.8-1.0 us (its programs then wait beside
+# the forward's), so there it is launched plainly.
+COMBINE_PDL = True
 
 
 def _forward_splits(items: int, key_tiles: int, device: torch.device) -> int:
@@ -1150,7 +1170,8 @@ class _ForwardPlan(_Pass):
     def __init__(self, q, k, v, is_causal, scale, mutant):
         self.scale = _validate(q, k, v, is_causal, scale)
         self.inputs_only_key = mutant == GRAPH_KEYED_WITHOUT_OUTPUTS
-        mutant = 0 if self.inputs_only_key else mutant
+        combine_waits = mutant != COMBINE_READS_EARLY
+        mutant = 0 if self.inputs_only_key or not combine_waits else mutant
         self.is_causal = bool(is_causal)
         self.copy = tuple(not _tma_ok(as_4d(t)) for t in (q, k, v))
         self.plain = all(t.dim() == 4 for t in (q, k, v)) and not any(self.copy)  # as the kernel reads them: no view, no copy
@@ -1184,10 +1205,18 @@ class _ForwardPlan(_Pass):
 
             rows = COMBINE_ROWS
             self.parts = ((splits * B * H, n_q, d), (splits * B * H, 2, n_q))
+            # Its loops unrolled for the count (SPLITS); launched as the forward's programmatic
+            # dependent where the forward's grid leaves half the SMs idle (COMBINE_PDL).
+            options = _options(q.device, 4, 1)
+            pdl = options is not None and COMBINE_PDL and 2 * self.launch.grid[0] <= _resident_programs(q.device)
+            if options is not None:
+                options["launch_pdl"] = pdl
             self.combine = Launch(_flash_fwd_combine_kernel, (triton.cdiv(n_q, rows) * B * H,),
                                   (*o4_strides, H, n_q, triton.cdiv(n_q, rows), splits, self.scale,
-                                   self.scale * LOG2E), dict(HEAD_DIM=d, BLOCK_M=rows, BLOCK_D=d),
-                                  _options(q.device, 4, 1), q.device)
+                                   self.scale * LOG2E),
+                                  dict(HEAD_DIM=d, BLOCK_M=rows, BLOCK_D=d, SPLITS=splits,
+                                       WAIT_PRIOR=pdl and combine_waits),
+                                  options, q.device)
         if self.combine is None:
             self._steps((self.launch, ("q", "k", "v", "o", "lse")), scratch=(), like=q)
         else:  # the splits' sums: the graph's scratch
