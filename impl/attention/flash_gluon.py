@@ -972,7 +972,8 @@ MUTANTS = {"v_slot_freed_before_its_product": 1, "ready_phase_off_by_one": 2, "r
 GRAPH_KEYED_WITHOUT_OUTPUTS = 7  # host mutants: the kernels are the unmutated ones
 BOUND_KEY_WITHOUT_STRIDES = 8
 COMBINE_READS_EARLY = 10  # the forward plan's combine launched early without its wait; kernels unmutated
-HOST_MUTANTS = ("graph_keyed_without_outputs", "bound_key_without_strides")  # show only when a call recurs
+# show only when a call recurs
+HOST_MUTANTS = ("graph_keyed_without_outputs", "bound_key_without_strides", "combine_reads_before_the_forward_ends")
 
 
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}

@@ -51,11 +51,9 @@ MUTANT_LIMIT_S = 60  # a mutant's case, compilation included, takes a few second
 
 
 # Each mutant's case: 8 key tiles (past the ring); the split one on a causal small grid, whose
-# first query tiles have splits with no keys of their own; the combine's on a grid of 64
-# programs (launched as a programmatic dependent there); the Q one on 512 query tiles, so each
+# first query tiles have splits with no keys of their own; the Q one on 512 query tiles, so each
 # program walks several work items.
 MUTANT_CASES = {"discarded_split_counted": (1, 2, 1000, 1000, 64, True),
-                "combine_reads_before_the_forward_ends": (1, 1, 1000, 1000, 64, False),
                 "q_freed_before_its_last_scores": (4, 16, 1000, 1000, 64, False)}
 
 
