@@ -428,3 +428,15 @@ def test_a_config_that_does_not_fit_the_gpu_is_refused_by_name_after_one_retry_w
             pytest.raises(ConfigDoesNotFit, match=r"_fake_kernel: the tile configuration \{'BLOCK_M': 64\}.*shared memory"):
         launch._through_triton((torch.zeros(1),))
     assert kernel.stages_tried == [3, 1]
+
+
+def test_split_forward_launches_take_the_direct_path():
+    """Both launches of a split-KV forward plan (the forward and its combine) pass their
+    constexprs last and in signature order, which the direct launch path needs; a kernel that
+    gained a constexpr the plan does not pass would quietly fall back to Triton's own (slower)
+    launch on every call."""
+    q, k, v = (torch.randn(1, 2, 100, 32) for _ in range(3))
+    plan = ft._ForwardPlan(q, k, v, True, None, config=ft.ForwardConfig(16, 32, split_keys=32))
+    assert plan.combine is not None  # the keys are split
+    for launch in (plan.launch, plan.combine):
+        assert launch.direct_ok, launch.kernel.fn.__name__

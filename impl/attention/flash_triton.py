@@ -924,7 +924,8 @@ class _ForwardPlan:
                                   (*_meta_4d_strides(q.shape, self.o_strides), heads, n_q, n_m_tiles, n_splits,
                                    self.scale,
                                    self.scale * 1.4426950408889634),
-                                  dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_D=_block_d(d)),
+                                  # the count at run time (no recompile per count), no programmatic launch
+                                  dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_D=_block_d(d), SPLITS=0, WAIT_PRIOR=False),
                                   _options(q.device, 4, 1), q.device, False)
 
     def __call__(self, q, k, v):
