@@ -223,7 +223,10 @@ def test_split_forward_combine_is_a_waiting_programmatic_dependent_only_beside_i
     """The combine is launched as the split forward's programmatic dependent (it may start
     while the forward runs) only where the forward's grid leaves half the SMs idle, and then
     it waits for the forward (WAIT_PRIOR: griddepcontrol.wait) before reading the splits' sums;
-    its loops are unrolled for the plan's split count.  The kept mutant drops the wait."""
+    its loops are unrolled for the plan's split count.  The kept mutant drops the wait: this test
+    is what rejects it.  On an H200 the race showed in one of four GPU law runs
+    (perf/results/2026-11-28-h200-split-combine): where the plan launches early the forward takes
+    5-10 us, about the dependent's own launch latency, so reading too soon is seldom seen."""
     from impl.attention import flash_triton
 
     monkeypatch.setattr(flash_triton, "_options", lambda device, num_warps, num_stages, fp_fusion=False: dict(

@@ -416,14 +416,6 @@ GLUON_HOST_SPECS = (
      "impl's Gluon flavour keys the CUDA graphs of a call's launches on the inputs' addresses alone: a call whose "
      "inputs lie where an earlier one's did replays launches that write into the earlier call's outputs"),
 )
-# The split forward's two launches: shows where a call recurs (its first call compiles or binds
-# between the two launches, long after the forward has ended), on a grid of split keys.
-GLUON_RECURRING_SPECS = (
-    ("combine_reads_before_the_forward_ends",
-     "impl's Gluon forward on a small grid launches the combine kernel as its programmatic dependent, but the "
-     "combine does not wait for the forward's grid to end (griddepcontrol.wait): it merges splits' sums the forward "
-     "has not stored yet, those the allocator's block held from an earlier call"),
-)
 # The eager repeat's look-up: a call's C++ pass found by its key (impl/attention/flash_gluon.py,
 # _bound_call; the C++ launcher is on by default).
 GLUON_KEY_SPECS = (
@@ -432,7 +424,7 @@ GLUON_KEY_SPECS = (
      "shapes in another layout runs the earlier call's launches, whose fixed strides read dO (and O) as laid out "
      "before"),
 )
-for _name, _ in GLUON_SPECS + GLUON_PERSISTENT_SPECS + GLUON_BACKWARD_SPECS + GLUON_KEY_SPECS + GLUON_RECURRING_SPECS:
+for _name, _ in GLUON_SPECS + GLUON_PERSISTENT_SPECS + GLUON_BACKWARD_SPECS + GLUON_KEY_SPECS:
     globals()[_name] = _gluon_mutant(_name)
 for _name, _ in GLUON_HOST_SPECS:
     globals()[_name] = _gluon_mutant(_name, graphs_on=True)
@@ -454,10 +446,6 @@ MUTANTS = tuple(
 ) + tuple(
     Mutant(name, "attention", bug, ("results_do_not_depend_on_earlier_calls",),
            target=f"{__name__}:{name}", flavour="gluon") for name, bug in GLUON_KEY_SPECS
-) + tuple(
-    Mutant(name, "attention", bug, ("fresh_values_at_recycled_addresses_give_fresh_results",
-                                    "contract_forward_matches_float64_reference"),
-           target=f"{__name__}:{name}", flavour="gluon") for name, bug in GLUON_RECURRING_SPECS
 ) + (
     Mutant("plan_key_without_strides", "attention",
            "impl's Triton launch plans keyed without the inputs' strides: another layout of the same shapes reuses stale strides",
