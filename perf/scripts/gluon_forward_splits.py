@@ -1,8 +1,10 @@
 """The Gluon forward's time at CS336's short sweep points (batch 1, one head) for each split of
 the keys (split-KV), beside SDPA flash's: does ``_forward_splits`` pick the best count?
 Microseconds per call as the sweep takes them (``measure.median_ms``: do_bench's median, L2
-flushed before each call; at these points its memset keeps the GPU behind the host, so this is
-device time, the combine included), medians of ``--rounds`` measurements, the order shuffled each round.
+flushed before each call; where its memset keeps the GPU behind the host this is device time,
+the combine included; on a host slower than the memset some rows read 2-10 x their kernels,
+erratically: then read the ``--kernels`` table), medians of ``--rounds`` measurements, the
+order shuffled each round.
 
     PYTHONPATH=. python perf/scripts/gluon_forward_splits.py [--seq 256 512 1024 2048 4096] [--rounds 5]
 
@@ -15,7 +17,8 @@ check that each forced plan still computes attention (the laws are the real one)
 recording: SDPA then returns L too) and adds a column "Function": our training forward
 (``FlashAttentionGluon``) on the heuristic's plan, the call the sweep times.  ``--pdl-ab``
 adds each count with its combine launched plainly, not as the forward's programmatic
-dependent (``flash_gluon.COMBINE_PDL``).  ``--kernels``
+dependent (``flash_gluon.COMBINE_PDL`` off; with it on, the plan still launches plainly where
+the forward's grid fills more than half the SMs).  ``--kernels``
 adds a table of each kernel's device time per call (torch.profiler, the L2 flushed before
 each call as do_bench does), so that a count's time splits into the forward, the combine and
 what lies between them.
