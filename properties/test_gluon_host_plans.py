@@ -239,7 +239,7 @@ def test_split_forward_combine_is_a_waiting_programmatic_dependent_only_beside_i
         splits = plan.launch.rest[-2]  # the launch's scalars end (..., n_splits, chunk)
         pdl = 2 * plan.launch.grid[0] <= sms
         seen.add(pdl)
-        assert plan.combine.constexprs["SPLITS"] == splits > 1, n
+        assert splits > 1 and plan.combine.constexprs["SPLITS"] == splits, n
         assert plan.combine.options["launch_pdl"] is pdl, (n, plan.launch.grid)
         assert plan.combine.constexprs["WAIT_PRIOR"] is (pdl and not mutant), (n, plan.launch.grid)
         assert plan.launch.direct_ok and plan.combine.direct_ok, n  # constexprs last, in signature order
