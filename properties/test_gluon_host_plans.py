@@ -217,14 +217,23 @@ def test_forward_splits_the_keys_only_where_query_tiles_leave_sms_idle():
             assert items * splits * 2 > programs or key_tiles // (2 * splits) < fg.MIN_SPLIT_TILES  # the largest
 
 
-@pytest.mark.parametrize("mutant", [0, fg.MUTANTS["combine_reads_before_the_forward_ends"]])
+def _early_combines_that_do_not_wait(plans: dict) -> list:
+    """The plans (by N) whose combine is launched as the forward's programmatic dependent (it
+    may start while the forward still runs) but does not wait for the forward's grid
+    (WAIT_PRIOR: griddepcontrol.wait) before reading the splits' sums."""
+    return [n for n, plan in plans.items()
+            if plan.combine.options["launch_pdl"] and not plan.combine.constexprs["WAIT_PRIOR"]]
+
+
+@pytest.mark.parametrize("mutant", [0, fg.MUTANTS["combine_reads_before_the_forward_ends"]],
+                         ids=["kernel", "combine_reads_before_the_forward_ends"])
 def test_split_forward_combine_is_a_waiting_programmatic_dependent_only_beside_idle_sms(launches, monkeypatch,
                                                                                         mutant):
-    """The combine is launched as the split forward's programmatic dependent (it may start
-    while the forward runs) only where the forward's grid leaves half the SMs idle, and then
-    it waits for the forward (WAIT_PRIOR: griddepcontrol.wait) before reading the splits' sums;
-    its loops are unrolled for the plan's split count.  The kept mutant drops the wait: this test
-    is what rejects it.  On an H200 the race showed in one of four GPU law runs
+    """The combine is launched as the split forward's programmatic dependent only where the
+    forward's grid leaves half the SMs idle, and then it waits for the forward before reading
+    the splits' sums (``_early_combines_that_do_not_wait`` finds none); its loops are unrolled
+    for the plan's split count.  The kept mutant drops the wait, and the check names its early
+    plans: this test is what rejects it.  On an H200 the race showed in one of four GPU law runs
     (perf/results/2026-11-28-h200-split-combine): where the plan launches early the forward takes
     5-10 us, about the dependent's own launch latency, so reading too soon is seldom seen."""
     from impl.attention import flash_triton
@@ -232,18 +241,17 @@ def test_split_forward_combine_is_a_waiting_programmatic_dependent_only_beside_i
     monkeypatch.setattr(flash_triton, "_options", lambda device, num_warps, num_stages, fp_fusion=False: dict(
         num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion))  # as on a GPU
     sms = fg._resident_programs(torch.device("cpu"))
-    seen = set()
+    plans = {}
     for n in (256, 1000, 2048, 4096):
         q, k, v = _inputs((1, 1, n, 64), n, False)
-        plan, _ = fg._forward_plan(q, k, v, False, None, mutant)
+        plans[n] = plan = fg._forward_plan(q, k, v, False, None, mutant)[0]
         splits = plan.launch.rest[-2]  # the launch's scalars end (..., n_splits, chunk)
-        pdl = 2 * plan.launch.grid[0] <= sms
-        seen.add(pdl)
         assert splits > 1 and plan.combine.constexprs["SPLITS"] == splits, n
-        assert plan.combine.options["launch_pdl"] is pdl, (n, plan.launch.grid)
-        assert plan.combine.constexprs["WAIT_PRIOR"] is (pdl and not mutant), (n, plan.launch.grid)
+        assert plan.combine.options["launch_pdl"] is (2 * plan.launch.grid[0] <= sms), (n, plan.launch.grid)
         assert plan.launch.direct_ok and plan.combine.direct_ok, n  # constexprs last, in signature order
-    assert seen == {True, False}  # both sides of the rule drawn
+    early = [n for n, plan in plans.items() if plan.combine.options["launch_pdl"]]
+    assert early == [256, 1000]  # both sides of the rule drawn: 4 and 64 programs early, 128 plain
+    assert _early_combines_that_do_not_wait(plans) == (early if mutant else [])
 
 
 def test_causal_forward_splits_only_where_every_row_sees_the_first_key_of_its_splits(launches):
