@@ -4,14 +4,17 @@ The GPU defaults of ``impl.attention.flash_triton`` are picked by speed (perf/tu
 any config the table may hold must be as right as the others: tile shapes, the dQ kernel's
 own warps and stages, the longest-first program order under causal masking, and tiles
 loaded through tensor descriptors (TMA), the split-KV forward (key ranges in programs of
-their own, merged by a second kernel), and the one-pass backward that adds dQ with atomics.  Drawn: an attention case (any layout, ragged
-lengths) and a forward and a backward config; checked: O, L, dQ, dK, dV against float64
-through the oracle, with outputs poisoned so an unwritten tile fails.
+their own, merged by a second kernel), the one-pass backward that adds dQ with atomics, and
+the one-launch backward (dQ and dK/dV programs in one grid).  Drawn: an attention case (any
+layout, ragged lengths) and a forward and a backward config; checked: O, L, dQ, dK, dV
+against float64 through the oracle, with outputs poisoned so an unwritten tile fails.
 
 The mutants below (a longest-first order off by one tile; descriptors that assume
 contiguous rows; split-KV partial sums merged without moving them to the common max;
-one-pass dQ shares stored over each other instead of added) must fail the same check on a case that exercises them.  They patch the
-kernels' helpers, which only the interpreter looks up at run time: CPU only.
+one-pass dQ shares stored over each other instead of added; the one-launch grid sized as two
+dQ grids) must fail the same check on a case that exercises them.  They patch the kernels'
+helpers (and the one-launch grid's builder), which only the interpreter looks up at run
+time: CPU only.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from conformance import oracle
 from conformance.profiles import sharded_examples
 from conformance.laws.attention.strategies import AttentionCase, attention_cases, budget_for
 from impl.attention import flash_triton as ft
+from impl.attention.host_plans import PlanCache
 from impl.attention.triton_launch import ConfigDoesNotFit
 from conformance.laws.attention.laws import references
 
@@ -56,7 +60,8 @@ def backward_configs(draw) -> ft.BackwardConfig:
         num_warps=draw(st.sampled_from((4, 8))), num_stages=draw(st.sampled_from((1, 2, 3))),
         preprocess_block_m=draw(st.sampled_from(BLOCKS)),
         dq_num_warps=draw(st.sampled_from((None, 4, 8))), dq_num_stages=draw(st.sampled_from((None, 1, 2))),
-        longest_first=draw(st.booleans()), tma=draw(st.booleans()), dq_atomic=draw(st.booleans()))
+        longest_first=draw(st.booleans()), tma=draw(st.booleans()), dq_atomic=draw(st.booleans()),
+        one_launch=draw(st.booleans()))
 
 
 def check_config(case: AttentionCase, fwd: ft.ForwardConfig, bwd: ft.BackwardConfig, device) -> None:
@@ -94,6 +99,9 @@ def test_every_config_computes_the_same_attention(device, shard):
     # split-KV and one-pass dQ with batch > 1 (b > 0): the partial-sum and dQ-accumulator indexing
     @example(case=AttentionCase((2, 2), 70, 70, 24, torch.float32, True, None, 1.0, "contiguous", 13),
              fwd=ft.ForwardConfig(16, 32, split_keys=32), bwd=ft.BackwardConfig(32, 16, 16, 16, dq_atomic=True))
+    # the one-launch backward with batch > 1, ragged lengths and unlike dQ and dK/dV tiles
+    @example(case=AttentionCase((2, 2), 70, 45, 24, torch.float32, True, None, 1.0, "transposed", 14),
+             fwd=ft.ForwardConfig(16, 16), bwd=ft.BackwardConfig(32, 16, 16, 32, one_launch=True))
     def run(case, fwd, bwd):
         note(repr(case))
         note(f"{fwd}\n{bwd}")
@@ -149,7 +157,7 @@ def test_a_one_pass_table_entry_with_its_dq_shares_stored_is_rejected(device, mo
         pytest.skip("mutants patch kernel helpers, which only the Triton interpreter resolves at run time")
     entry = next(e for e in TABLE if e[4] == "bwd" and e[5].dq_atomic and e[2] <= 128)
     monkeypatch.setattr(ft, "_add_rows", _add_rows_by_storing)
-    monkeypatch.setattr(ft, "_PLANS", {})
+    monkeypatch.setattr(ft, "_cached_plan", PlanCache().get)
     with pytest.raises(AssertionError):
         check_table_entry(entry, device)
 
@@ -290,6 +298,18 @@ def _add_rows_by_storing(ptrs, values, mask):
     tl.store(ptrs, values, mask=mask)
 
 
+def _one_launch_grid_as_two_dq_grids(*args, **kwargs):
+    """The one-launch backward's grid sized as twice the dQ programs: where the dK/dV tiles
+    are more than the dQ ones, the last key tiles' dK/dV programs never run."""
+    launch = _REAL_ONE_LAUNCH(*args, **kwargs)
+    n_dq = launch.rest[-2]  # (..., n_m_tiles, n_n_tiles, n_dq_programs, scale)
+    launch.grid = (2 * n_dq, 1, 1)
+    return launch
+
+
+_REAL_ONE_LAUNCH = ft.one_launch_backward
+
+
 @triton.jit
 def _split_weight_without_rescaling(m_s, m, qk_scale):
     """Every non-empty split weighed 1, as if each split's sums were under the common max."""
@@ -310,6 +330,10 @@ MUTANTS = {
         "_split_weight", _split_weight_without_rescaling,
         AttentionCase((1, 1), 70, 70, 16, torch.float32, True, None, 1.0, "contiguous", 10),
         ft.ForwardConfig(16, 16, split_keys=32), ft.BackwardConfig(16, 16, 16, 16)),
+    "one_launch_grid_as_two_dq_grids": (
+        "one_launch_backward", _one_launch_grid_as_two_dq_grids,
+        AttentionCase((1, 2), 40, 40, 16, torch.float32, True, None, 1.0, "contiguous", 12),
+        ft.ForwardConfig(16, 16), ft.BackwardConfig(16, 16, 32, 16, one_launch=True)),
     "dq_shares_stored_not_added": (
         "_add_rows", _add_rows_by_storing,
         AttentionCase((1, 1), 40, 40, 16, torch.float32, True, None, 1.0, "contiguous", 9),
@@ -324,7 +348,7 @@ def test_config_mutant_is_rejected(name, device, monkeypatch):
     helper, replacement, case, fwd, bwd = MUTANTS[name]
     check_config(case, fwd, bwd, device)  # the case passes with the real helpers
     monkeypatch.setattr(ft, helper, replacement)
-    monkeypatch.setattr(ft, "_PLANS", {})  # plans made with the real kernels stay out of the way
+    monkeypatch.setattr(ft, "_cached_plan", PlanCache().get)  # plans made with the real code stay out of the way
     with pytest.raises(AssertionError):
         check_config(case, fwd, bwd, device)
 
@@ -365,7 +389,7 @@ def test_one_pass_backward_gives_way_under_deterministic_algorithms(device):
 
 def test_one_pass_backward_ignoring_deterministic_algorithms_is_rejected(device, monkeypatch):
     monkeypatch.setattr(ft, "_one_pass", lambda cfg, requested: bool(cfg.dq_atomic))  # ignores the setting
-    monkeypatch.setattr(ft, "_PLANS", {})  # the mutant's plans leave with it
+    monkeypatch.setattr(ft, "_cached_plan", PlanCache().get)  # the mutant's plans leave with it
     with pytest.raises((AssertionError, pytest.fail.Exception)):
         check_one_pass_respects_deterministic_algorithms(device)
 

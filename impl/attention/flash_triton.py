@@ -370,12 +370,18 @@ def _flash_fwd_combine_kernel(
 
 
 @triton.jit
-def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base, dq_base,
-                      stride_qn, stride_qd, stride_don, stride_dod,
+def _row_dot(o, do):
+    """D_i = rowsum(dO_i * O_i) in float32: the softmax backward's correction term."""
+    return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+
+
+@triton.jit
+def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, o_src, l_base, delta_base, dq_base,
+                      stride_qn, stride_qd, stride_don, stride_dod, stride_on, stride_od,
                       offs_n, offs_d, lo, hi, N_Q, sm_scale,
                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                       MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, KEYS_EVEN: tl.constexpr, USE_TMA: tl.constexpr,
-                      ATOMIC_DQ: tl.constexpr,
+                      ATOMIC_DQ: tl.constexpr, DELTA_FROM_O: tl.constexpr,
                       DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr):
     """Accumulate dK_j, dV_j over query tiles [lo, hi), in transposed form (keys are rows).
 
@@ -384,6 +390,8 @@ def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
     tiles the accumulator starts at 0 and holds no (BLOCK_N, BLOCK_M) bias in registers.
     ATOMIC_DQ: also add this key tile's share of dQ_i, dS_ij K_j (unscaled), into the float32
     rows at dq_base (HEAD_DIM wide, contiguous) with atomic adds.
+    DELTA_FROM_O: D_i = rowsum(dO_i * O_i) computed here from O's tile (at o_src), not read
+    from delta_base (the one-launch backward, which has no kernel before it to store D).
     """
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -391,9 +399,15 @@ def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
         do = _load_rows(do_src, offs_m, start_m, stride_don, N_Q, offs_d, stride_dod, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         if MASKED:
             lse = tl.load(l_base + offs_m, mask=offs_m < N_Q, other=float("inf"))
-            delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
         else:
             lse = tl.load(l_base + offs_m)
+        if DELTA_FROM_O:
+            o = _load_rows(o_src, offs_m, start_m, stride_on, N_Q, offs_d, stride_od, HEAD_DIM, BLOCK_D, MASKED,
+                           USE_TMA)
+            delta = _row_dot(o, do)
+        elif MASKED:
+            delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
+        else:
             delta = tl.load(delta_base + offs_m)
         # P^T = exp(scale K Q^T - L) = exp2((scale K Q^T - L) * log2(e))
         if KEYS_EVEN:
@@ -419,35 +433,34 @@ def _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base,
 
 
 @triton.jit
-def _add_rows(ptrs, values, mask):
-    """ptrs[mask] += values, atomically: programs of other key tiles add to the same rows."""
-    tl.atomic_add(ptrs, values, mask=mask, sem="relaxed")
-
-
-@triton.jit(do_not_specialize=["H", "N_Q", "N_K", "n_n_tiles"])
-def _flash_bwd_dkdv_kernel(
-    Q, K, V, DO, L, Delta, DK, DV, DQACC,
+def _dkdv_program(
+    pid, Q, K, V, O, DO, L, Delta, DK, DV, DQACC,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
     stride_dob, stride_doh, stride_don, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     H, N_Q, N_K, n_n_tiles, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, KEYS_EVEN: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, DELTA_FROM_O: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
-    """One program per (key tile, batch-head): dK_j and dV_j for BLOCK_N keys; with ATOMIC_DQ
-    also every query row's dQ share from these keys, added into DQACC ((B H, N_Q, HEAD_DIM)
-    float32, zeroed before)."""
-    pid_n, b, h = _tile_coords(tl.program_id(0), n_n_tiles, H, LONGEST_FIRST, False)
+    """dK_j and dV_j for the BLOCK_N keys of program ``pid`` (key tile, batch-head); with
+    ATOMIC_DQ also every query row's dQ share from these keys, added into DQACC ((B H, N_Q,
+    HEAD_DIM) float32, zeroed before).  D from Delta, or from O (DELTA_FROM_O)."""
+    pid_n, b, h = _tile_coords(pid, n_n_tiles, H, LONGEST_FIRST, False)
     q_src = _tile_source(Q + b * stride_qb + h * stride_qh, N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
     do_src = _tile_source(DO + b * stride_dob + h * stride_doh, N_Q, stride_don, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+    if DELTA_FROM_O:
+        o_src = _tile_source(O + b * stride_ob + h * stride_oh, N_Q, stride_on, BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
+    else:
+        o_src = O  # unread
     l_base = L + (b * H + h) * N_Q
-    delta_base = Delta + (b * H + h) * N_Q
-    dq_base = DQACC + (b * H + h) * N_Q * HEAD_DIM  # unused without ATOMIC_DQ
+    delta_base = Delta + (b * H + h) * N_Q  # unread with DELTA_FROM_O
+    dq_base = DQACC + (b * H + h) * N_Q * HEAD_DIM  # unread without ATOMIC_DQ
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -469,31 +482,68 @@ def _flash_bwd_dkdv_kernel(
         lo = (start_n // BLOCK_M) * BLOCK_M
         # First query tile whose every row sees every key of this tile (row >= start_n + BLOCK_N - 1).
         diag_hi = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base, dq_base,
-                                   stride_qn, stride_qd, stride_don, stride_dod,
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, o_src, l_base, delta_base, dq_base,
+                                   stride_qn, stride_qd, stride_don, stride_dod, stride_on, stride_od,
                                    offs_n, offs_d, lo, tl.minimum(diag_hi, N_Q), N_Q, sm_scale,
-                                   HEAD_DIM, BLOCK_M, BLOCK_D, True, True, KEYS_EVEN, USE_TMA, ATOMIC_DQ,
+                                   HEAD_DIM, BLOCK_M, BLOCK_D, True, True, KEYS_EVEN, USE_TMA, ATOMIC_DQ, DELTA_FROM_O,
                                    DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
         tail_lo = tl.maximum(diag_hi, full_hi)
     else:
         diag_hi = 0
         tail_lo = full_hi
     # Full tiles below the diagonal: no masking work.
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base, dq_base,
-                               stride_qn, stride_qd, stride_don, stride_dod,
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, o_src, l_base, delta_base, dq_base,
+                               stride_qn, stride_qd, stride_don, stride_dod, stride_on, stride_od,
                                offs_n, offs_d, diag_hi, full_hi, N_Q, sm_scale,
-                               HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, KEYS_EVEN, USE_TMA, ATOMIC_DQ,
+                               HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, KEYS_EVEN, USE_TMA, ATOMIC_DQ, DELTA_FROM_O,
                                DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
     # The partial last query tile, if it was not a diagonal tile.
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, l_base, delta_base, dq_base,
-                               stride_qn, stride_qd, stride_don, stride_dod,
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, key_bias, q_src, do_src, o_src, l_base, delta_base, dq_base,
+                               stride_qn, stride_qd, stride_don, stride_dod, stride_on, stride_od,
                                offs_n, offs_d, tail_lo, N_Q, N_Q, sm_scale,
-                               HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, KEYS_EVEN, USE_TMA, ATOMIC_DQ,
+                               HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, KEYS_EVEN, USE_TMA, ATOMIC_DQ, DELTA_FROM_O,
                                DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
 
     dk = dk * sm_scale  # dK = scale * dS^T Q
     _store_tile(DK + b * stride_dkb + h * stride_dkh, dk, offs_n, stride_dkn, N_K, offs_d, stride_dkd, HEAD_DIM)
     _store_tile(DV + b * stride_dvb + h * stride_dvh, dv, offs_n, stride_dvn, N_K, offs_d, stride_dvd, HEAD_DIM)
+
+
+@triton.jit
+def _add_rows(ptrs, values, mask):
+    """ptrs[mask] += values, atomically: programs of other key tiles add to the same rows."""
+    tl.atomic_add(ptrs, values, mask=mask, sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["H", "N_Q", "N_K", "n_n_tiles"])
+def _flash_bwd_dkdv_kernel(
+    Q, K, V, DO, L, Delta, DK, DV, DQACC,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    H, N_Q, N_K, n_n_tiles, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, KEYS_EVEN: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """One program per (key tile, batch-head): dK_j and dV_j for BLOCK_N keys, D read from
+    Delta; with ATOMIC_DQ also every query row's dQ share from these keys, added into DQACC
+    ((B H, N_Q, HEAD_DIM) float32, zeroed before)."""
+    _dkdv_program(tl.program_id(0), Q, K, V, Q, DO, L, Delta, DK, DV, DQACC,  # Q stands in for the unread O
+                  stride_qb, stride_qh, stride_qn, stride_qd,
+                  stride_kb, stride_kh, stride_kn, stride_kd,
+                  stride_vb, stride_vh, stride_vn, stride_vd,
+                  stride_qb, stride_qh, stride_qn, stride_qd,
+                  stride_dob, stride_doh, stride_don, stride_dod,
+                  stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                  stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                  H, N_Q, N_K, n_n_tiles, sm_scale,
+                  HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, KEYS_EVEN, LONGEST_FIRST, USE_TMA, ATOMIC_DQ, False,
+                  DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
 
 
 @triton.jit
@@ -521,9 +571,9 @@ def _dq_key_tiles(dq, q, do, lse, delta, k_src, v_src, stride_kn, stride_kd, str
     return dq
 
 
-@triton.jit(do_not_specialize=["H", "N_Q", "N_K", "n_m_tiles"])
-def _flash_bwd_dq_kernel(
-    Q, K, V, O, DO, L, Delta, DQ,
+@triton.jit
+def _dq_program(
+    pid, Q, K, V, O, DO, L, Delta, DQ,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -532,12 +582,12 @@ def _flash_bwd_dq_kernel(
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     H, N_Q, N_K, n_m_tiles, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr, STORE_DELTA: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
-    """One program per (query tile, batch-head): D_i = rowsum(dO_i * O_i), stored for the
-    dK/dV kernel that runs next, and dQ_i for BLOCK_M query rows."""
-    pid_m, b, h = _tile_coords(tl.program_id(0), n_m_tiles, H, LONGEST_FIRST, True)
+    """D_i = rowsum(dO_i * O_i) (stored in Delta where STORE_DELTA, for a dK/dV kernel that
+    runs next) and dQ_i for the BLOCK_M query rows of program ``pid`` (query tile, batch-head)."""
+    pid_m, b, h = _tile_coords(pid, n_m_tiles, H, LONGEST_FIRST, True)
     k_src = _tile_source(K + b * stride_kb + h * stride_kh, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
     v_src = _tile_source(V + b * stride_vb + h * stride_vh, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
     start_m = pid_m * BLOCK_M
@@ -548,8 +598,9 @@ def _flash_bwd_dq_kernel(
     do = _load_tile(DO + b * stride_dob + h * stride_doh, offs_m, stride_don, N_Q, offs_d, stride_dod,
                     HEAD_DIM, BLOCK_D, True)
     o = _load_tile(O + b * stride_ob + h * stride_oh, offs_m, stride_on, N_Q, offs_d, stride_od, HEAD_DIM, BLOCK_D, True)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # D_i; rows past N_Q read 0
-    tl.store(Delta + (b * H + h) * N_Q + offs_m, delta, mask=offs_m < N_Q)
+    delta = _row_dot(o, do)  # D_i; rows past N_Q read 0
+    if STORE_DELTA:
+        tl.store(Delta + (b * H + h) * N_Q + offs_m, delta, mask=offs_m < N_Q)
     # Rows past N_Q read L = +inf: their P is 0.
     lse = tl.load(L + (b * H + h) * N_Q + offs_m, mask=offs_m < N_Q, other=float("inf"))
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -570,6 +621,92 @@ def _flash_bwd_dq_kernel(
 
     dq = dq * sm_scale  # dQ = scale * dS K
     _store_tile(DQ + b * stride_dqb + h * stride_dqh, dq, offs_m, stride_dqn, N_Q, offs_d, stride_dqd, HEAD_DIM)
+
+
+@triton.jit(do_not_specialize=["H", "N_Q", "N_K", "n_m_tiles"])
+def _flash_bwd_dq_kernel(
+    Q, K, V, O, DO, L, Delta, DQ,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    H, N_Q, N_K, n_m_tiles, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, LONGEST_FIRST: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """One program per (query tile, batch-head): D_i = rowsum(dO_i * O_i), stored for the
+    dK/dV kernel that runs next, and dQ_i for BLOCK_M query rows."""
+    _dq_program(tl.program_id(0), Q, K, V, O, DO, L, Delta, DQ,
+                stride_qb, stride_qh, stride_qn, stride_qd,
+                stride_kb, stride_kh, stride_kn, stride_kd,
+                stride_vb, stride_vh, stride_vn, stride_vd,
+                stride_ob, stride_oh, stride_on, stride_od,
+                stride_dob, stride_doh, stride_don, stride_dod,
+                stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+                H, N_Q, N_K, n_m_tiles, sm_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, LONGEST_FIRST, USE_TMA, True,
+                DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+
+
+@triton.jit
+def _one_launch_role(pid, n_dq_programs):
+    """(is a dQ program, its index among its kind): the one-launch backward's grid holds the
+    dQ programs first, then the dK/dV programs."""
+    is_dq = pid < n_dq_programs
+    return is_dq, tl.where(is_dq, pid, pid - n_dq_programs)
+
+
+@triton.jit(do_not_specialize=["H", "N_Q", "N_K", "n_m_tiles", "n_n_tiles", "n_dq_programs"])
+def _flash_bwd_one_launch_kernel(
+    Q, K, V, O, DO, L, DQ, DK, DV,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    H, N_Q, N_K, n_m_tiles, n_n_tiles, n_dq_programs, sm_scale,
+    HEAD_DIM: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
+    DKDV_BLOCK_M: tl.constexpr, DKDV_BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, KEYS_EVEN: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """The whole backward in one launch: programs [0, n_dq_programs) are the dQ kernel's (one
+    per query tile and batch-head), the rest the dK/dV kernel's (one per key tile and
+    batch-head).  Each computes the D rows it needs from O and dO, so no program reads what
+    another writes: no D buffer, no float32 dQ, no atomics (deterministic), one launch.  The
+    cost is D computed once per (key tile, query tile) pair, which pays where launches cost
+    more than that: grids that leave SMs idle.  Programs run in plain order (no longest-first:
+    a grid this small runs as one wave)."""
+    is_dq, pid = _one_launch_role(tl.program_id(0), n_dq_programs)
+    if is_dq:
+        _dq_program(pid, Q, K, V, O, DO, L, L, DQ,  # L stands in for the unwritten Delta
+                    stride_qb, stride_qh, stride_qn, stride_qd,
+                    stride_kb, stride_kh, stride_kn, stride_kd,
+                    stride_vb, stride_vh, stride_vn, stride_vd,
+                    stride_ob, stride_oh, stride_on, stride_od,
+                    stride_dob, stride_doh, stride_don, stride_dod,
+                    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+                    H, N_Q, N_K, n_m_tiles, sm_scale,
+                    HEAD_DIM, DQ_BLOCK_M, DQ_BLOCK_N, BLOCK_D, IS_CAUSAL, False, USE_TMA, False,
+                    DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
+    else:
+        _dkdv_program(pid, Q, K, V, O, DO, L, L, DK, DV, L,  # L stands in for the unread Delta and dQ sums
+                      stride_qb, stride_qh, stride_qn, stride_qd,
+                      stride_kb, stride_kh, stride_kn, stride_kd,
+                      stride_vb, stride_vh, stride_vn, stride_vd,
+                      stride_ob, stride_oh, stride_on, stride_od,
+                      stride_dob, stride_doh, stride_don, stride_dod,
+                      stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                      stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                      H, N_Q, N_K, n_n_tiles, sm_scale,
+                      HEAD_DIM, DKDV_BLOCK_M, DKDV_BLOCK_N, BLOCK_D, IS_CAUSAL, KEYS_EVEN, False, USE_TMA, False, True,
+                      DOT_PRECISION, DOT_IN_FP32, INTERPRETED)
 
 
 @triton.jit(do_not_specialize=["H", "N_Q", "n_m_tiles"])
@@ -649,6 +786,10 @@ class BackwardConfig:
     # (5 matmuls a tile pair instead of 7; the dq_* fields then go unused).  The order of the
     # adds varies between runs on a GPU: see _one_pass for torch.use_deterministic_algorithms.
     dq_atomic: bool = False
+    # One launch: the dQ programs and the dK/dV programs in one grid, each computing the D rows
+    # it needs from O and dO (_flash_bwd_one_launch_kernel): no D, no float32 dQ, no atomics, a
+    # single launch a backward.  Takes precedence over dq_atomic; longest_first does not apply.
+    one_launch: bool = False
 
 
 # The interpreter runs one program at a time and pays per tile operation, not per element:
@@ -974,8 +1115,16 @@ class _BackwardPlan:
         dq_stages = cfg.num_stages if cfg.dq_num_stages is None else cfg.dq_num_stages
         dev = q.device
 
-        self.atomic_dq = _one_pass(cfg, requested=config is not None)
         n_n_tiles = triton.cdiv(n_k, cfg.dkdv_block_n)
+        self.one_launch = cfg.one_launch
+        if self.one_launch:
+            tma = bool(cfg.tma and _tma_ready(q4, k4, v4, o4, do4))
+            self.atomic_dq = False
+            self.launches = (one_launch_backward(
+                (q4, k4, v4, o4, do4), (dq_s, dk_s, dv_s), cfg, bool(is_causal), scale, tma,
+                _options(dev, cfg.num_warps, cfg.num_stages)),)
+            return
+        self.atomic_dq = _one_pass(cfg, requested=config is not None)
         tma = bool(cfg.tma and _tma_ready(q4, do4))
         dkdv = Launch(_flash_bwd_dkdv_kernel, (n_n_tiles * batch * heads,),
                       (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk_s, *dv_s,
@@ -1009,6 +1158,13 @@ class _BackwardPlan:
                       for shape, strides in zip((self.q_shape, self.k_shape, self.v_shape), self.grad_strides))
         if self.launches is None:
             return dq, dk, dv
+        if self.one_launch:
+            if not self.lse_contiguous:
+                lse = lse.contiguous()
+            if self.to_4d:
+                q, k, v, o, grad_o = (as_4d(t) for t in (q, k, v, o, grad_o))
+            self.launches[0](q, k, v, o, grad_o, lse, dq, dk, dv)
+            return dq, dk, dv
         delta = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         if not self.lse_contiguous:
             lse = lse.contiguous()
@@ -1025,6 +1181,27 @@ class _BackwardPlan:
         dq_launch(q, k, v, o, grad_o, lse, delta, dq)
         dkdv(q, k, v, grad_o, lse, delta, dk, dv, delta)  # delta stands in for the unused dQ accumulator
         return dq, dk, dv
+
+
+def one_launch_backward(tensors4, grad_strides4, cfg: BackwardConfig, is_causal: bool, scale: float, tma: bool,
+                        options) -> Launch:
+    """The Launch of ``_flash_bwd_one_launch_kernel`` for (B, H, N, d) views of q, k, v, O, dO
+    (``tensors4``, for their strides and shapes) and the 4-d strides of dQ, dK, dV; a call
+    takes (q, k, v, O, dO, L, dQ, dK, dV).  Its tiles: cfg's dq_block_m x dq_block_n for the
+    dQ programs, dkdv_block_n x dkdv_block_m for the dK/dV ones."""
+    q4, k4, v4, o4, do4 = tensors4
+    batch, heads, n_q, d = q4.shape
+    n_k = k4.shape[2]
+    n_m_tiles, n_n_tiles = triton.cdiv(n_q, cfg.dq_block_m), triton.cdiv(n_k, cfg.dkdv_block_n)
+    n_dq = n_m_tiles * batch * heads
+    return Launch(_flash_bwd_one_launch_kernel, (n_dq + n_n_tiles * batch * heads,),
+                  (*q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(), *do4.stride(), *grad_strides4[0],
+                   *grad_strides4[1], *grad_strides4[2], heads, n_q, n_k, n_m_tiles, n_n_tiles, n_dq, scale),
+                  dict(HEAD_DIM=d, DQ_BLOCK_M=cfg.dq_block_m, DQ_BLOCK_N=cfg.dq_block_n,
+                       DKDV_BLOCK_M=cfg.dkdv_block_m, DKDV_BLOCK_N=cfg.dkdv_block_n, BLOCK_D=_block_d(d),
+                       IS_CAUSAL=is_causal, KEYS_EVEN=n_k % cfg.dkdv_block_n == 0, USE_TMA=tma,
+                       **_dot_settings(q4.dtype)),
+                  options, q4.device, tma)
 
 
 def _split_keys(cfg: ForwardConfig, n_k: int) -> int:
