@@ -1081,6 +1081,25 @@ def _forward_splits(items: int, key_tiles: int, device: torch.device) -> int:
     return splits
 
 
+# The one-launch backward on grids that leave SMs idle: the Triton flavour's kernel whose dQ and
+# dK/dV programs share one grid, each computing the D rows it needs (flash_triton.
+# _flash_bwd_one_launch_kernel).  One launch and three allocations a backward instead of three and
+# five, deterministic.  ONE_LAUNCH_CONFIGS: its tiles per head dim (None: never);
+# ONE_LAUNCH_MAX_PROGRAMS: the largest grid (dQ and dK/dV programs together) that takes it.
+ONE_LAUNCH_CONFIGS: dict = {}
+ONE_LAUNCH_MAX_PROGRAMS = 0
+
+
+def _one_launch_config(batch_heads: int, n_q: int, n_k: int, d: int, mutant: int):
+    """The one-launch backward's config for this grid, or None (the Gluon kernels').  A kept
+    mutant of the Gluon kernels always takes the Gluon kernels (its bug lives there)."""
+    cfg = ONE_LAUNCH_CONFIGS.get(d)
+    if cfg is None or mutant:
+        return None
+    programs = batch_heads * (triton.cdiv(n_q, cfg.dq_block_m) + triton.cdiv(n_k, cfg.dkdv_block_n))
+    return cfg if programs <= ONE_LAUNCH_MAX_PROGRAMS else None
+
+
 def _validate(q, k, v, is_causal, scale) -> float:
     scale = validate_attention_inputs(q, k, v, is_causal, scale, dtypes=GLUON_DTYPES)
     d = q.shape[-1]
@@ -1283,6 +1302,16 @@ class _BackwardPlan(_Pass):
         dq4s, dk4s, dv4s = (as_4d(torch.empty_strided(t.shape, s, device="meta")).stride()
                             for t, s in zip((q, k, v), self.strides))
         causal = bool(is_causal)
+        one = _one_launch_config(B * H, n_q, n_k, d, mutant)
+        self.fused = False
+        if one is not None:
+            from impl.attention.flash_triton import _options, one_launch_backward
+
+            self.one_cfg = one
+            self.one = one_launch_backward((q4, as_4d(k), as_4d(v), o4, do4), (dq4s, dk4s, dv4s), one, causal,
+                                           self.scale, False, _options(q.device, one.num_warps, one.num_stages))
+            self._steps((self.one, ("q", "k", "v", "o", "do", "lse", "dq", "dk", "dv")), scratch=(), like=q)
+            return
         # Five products at both head dims (d 128 in query rows: at B4 H16 N4096 full 3.03 against
         # 3.33 ms for seven on an H200 once the grid runs a group of heads at a time; with every
         # head at once it had lost, 3.69 against 3.48).
