@@ -44,7 +44,9 @@ def _plan_of(d, causal):
 # combine, the five-product backward's D and dQ conversion.  Recorded too (into a list of
 # their own), never launched: on a machine with a GPU Triton would run them on the CUDA driver,
 # which cannot read these CPU tensors.
-TRITON_HELPERS = ("_flash_fwd_combine_kernel", "_flash_bwd_preprocess_kernel", "_flash_bwd_dq_convert_kernel")
+TRITON_HELPERS = ("_flash_fwd_combine_kernel", "_flash_bwd_preprocess_kernel", "_flash_bwd_dq_convert_kernel",
+                  "_flash_bwd_one_launch_kernel")
+ONE_LAUNCH_CONFIGS = dict(fg.ONE_LAUNCH_CONFIGS)  # as the module was imported (the fixture below clears it)
 
 
 class _Recorder:
@@ -80,6 +82,8 @@ def launches(monkeypatch):
         monkeypatch.setattr(flash_triton, name, _Recorder(getattr(flash_triton, name), helper_calls,
                                                           ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
     monkeypatch.setattr(fg, "_validate", lambda q, k, v, causal, scale: scale or q.shape[-1] ** -0.5)
+    # The Gluon kernels' backward at every grid (the one-launch backward on small ones has tests of its own)
+    monkeypatch.setattr(fg, "ONE_LAUNCH_CONFIGS", {})
     monkeypatch.setattr(fg, "_PLANS", fg.PlanCache(16))
     monkeypatch.setattr(fg, "_plan", fg._PLANS.get)
     return calls
@@ -353,19 +357,24 @@ def bound_passes(monkeypatch, emulated_passes):
     return binds, looks
 
 
+@pytest.mark.parametrize("one_launch", [False, True], ids=["gluon-backward", "one-launch-backward"])
 @pytest.mark.parametrize("shape_q, n_k, causal, transposed", [
     ((2, 3, 100, 64), 100, True, False),
     ((1, 2, 300, 128), 77, False, True),  # (B, N, H, d) storage: outputs in the inputs' layout
     ((1, 2, 1000, 64), 1000, True, False),  # the forward's keys in 4 splits: the combine and its scratch
 ])
 def test_the_native_pass_issues_what_the_python_path_issues(launches, deterministic, monkeypatch, emulated_passes,
-                                                             shape_q, n_k, causal, transposed):
+                                                             shape_q, n_k, causal, transposed, one_launch):
     """With call graphs off and the C++ launcher on, a plan registers its call as one C++ pass
     (``native_launch.register_pass``) after its first call through Python, and every launch of
     the second call (through the pass), Gluon's and the Triton helpers', must match the first
-    call's."""
+    call's.  These grids are small enough for the one-launch backward where it is on."""
     from impl.attention import flash_triton
 
+    if one_launch:
+        if not ONE_LAUNCH_CONFIGS:
+            pytest.skip("the one-launch backward is switched off (LLM_SYSTEMS_GLUON_ONE_LAUNCH=0)")
+        monkeypatch.setattr(fg, "ONE_LAUNCH_CONFIGS", ONE_LAUNCH_CONFIGS)
     helpers = []
     for name in TRITON_HELPERS:
         monkeypatch.setattr(flash_triton, name, _Recorder(getattr(flash_triton, name), helpers,
@@ -384,6 +393,57 @@ def test_the_native_pass_issues_what_the_python_path_issues(launches, determinis
         recorded.append((_roles(launches, named), _roles(helpers, named), lse.shape, lse.dtype))
     assert len(registered) == 2 and runs == [0, 1]  # the forward's pass and the backward's, each run once
     assert recorded[1] == recorded[0]
+    assert one_launch == any(call[0] == "_flash_bwd_one_launch_kernel" for call in recorded[0][1])
+
+
+def _one_launch_threshold(d):
+    """(batch-heads at a 64-long sequence whose one-launch grid is the largest that takes it, its
+    programs): dQ and dK/dV programs together within the config's share of the SMs."""
+    cfg, share = ONE_LAUNCH_CONFIGS[d]
+    per_head = triton.cdiv(64, cfg.dq_block_m) + triton.cdiv(64, cfg.dkdv_block_n)
+    limit = int(share * fg._resident_programs(torch.device("cpu")))
+    return limit // per_head, per_head
+
+
+@pytest.mark.parametrize("d", sorted(ONE_LAUNCH_CONFIGS))
+@pytest.mark.parametrize("causal", [True, False])
+def test_small_grids_take_the_one_launch_backward_larger_ones_and_mutants_the_gluon_kernels(launches, monkeypatch,
+                                                                                          d, causal):
+    """Up to the head dim's share of the SMs (dQ and dK/dV programs counted together) the
+    backward is one launch of the Triton flavour's one-launch kernel, bound to its signature:
+    q, k, v, O, dO, L in, dQ, dK, dV out (shaped and laid out like q, k, v), the grid every dQ
+    program then every dK/dV program, the config's tiles, pointer loads (no in-kernel
+    descriptors: the C++ launcher takes no global scratch).  One batch-head more, and a kept
+    mutant of the Gluon kernels at any grid, take the Gluon kernels."""
+    from impl.attention import flash_triton
+
+    helpers = []
+    monkeypatch.setattr(flash_triton, "_flash_bwd_one_launch_kernel",
+                        _Recorder(flash_triton._flash_bwd_one_launch_kernel, helpers,
+                                  ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
+    monkeypatch.setattr(fg, "ONE_LAUNCH_CONFIGS", ONE_LAUNCH_CONFIGS)
+    cfg, _ = ONE_LAUNCH_CONFIGS[d]
+    heads, per_head = _one_launch_threshold(d)
+    for bh, mutant, expect_one in ((heads, 0, True), (heads + 1, 0, False), (1, fg.MUTANTS["rescale_skipped"], False)):
+        q, k, v = _inputs((bh, 64, d), 64, False)
+        o, lse = torch.randn_like(q), torch.randn(bh, 64)
+        grad_o = torch.randn_like(q)
+        launches.clear(), helpers.clear()
+        dq, dk, dv = fg.flash_backward(q, k, v, o, lse, grad_o, causal, mutant=mutant)
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+        gluon = [c[0] for c in launches]
+        if not expect_one:
+            assert not helpers and "_flash_bwd_dkdv_kernel" in gluon, (bh, mutant, gluon)
+            continue
+        assert not gluon, gluon
+        (name, grid, args, options), = helpers
+        assert tuple(grid) == (bh * per_head, 1, 1) and args["n_dq_programs"] == bh * triton.cdiv(64, cfg.dq_block_m)
+        assert (args["DQ_BLOCK_M"], args["DQ_BLOCK_N"], args["DKDV_BLOCK_M"], args["DKDV_BLOCK_N"]) == (
+            cfg.dq_block_m, cfg.dq_block_n, cfg.dkdv_block_m, cfg.dkdv_block_n)
+        assert args["USE_TMA"] is False and args["IS_CAUSAL"] is causal and args["HEAD_DIM"] == d
+        for param, t in (("Q", q), ("K", k), ("V", v), ("O", o), ("DO", grad_o), ("L", lse),
+                         ("DQ", dq), ("DK", dk), ("DV", dv)):
+            assert args[param].data_ptr() == t.data_ptr(), param
 
 
 def test_a_plans_pass_gives_way_to_call_graphs_switched_on_later(launches, monkeypatch, emulated_passes):

@@ -21,7 +21,7 @@ if fg.GLUON_IMPORT_ERROR is not None:  # pragma: no cover - a Triton without Glu
     pytest.skip(f"not run here: this Triton has no Gluon ({fg.GLUON_IMPORT_ERROR})", allow_module_level=True)
 
 from conformance.laws.attention.hopper_compile import (  # noqa: E402
-    HOPPER_SHARED_BYTES, check_fits_hopper, check_softmax_overlaps_pv, compile_in_child, plan_cases, ptxas_missing)
+    BACKWARD_SHAPE, HOPPER_SHARED_BYTES, check_fits_hopper, check_softmax_overlaps_pv, compile_in_child, plan_cases, ptxas_missing)
 
 GROUPS = plan_cases(fg.MUTANTS)
 PTXAS_MISSING = ptxas_missing()
@@ -44,7 +44,8 @@ def test_every_gluon_kernel_compiles_for_hopper_and_fits_an_sm(group):
 def test_a_table_entry_past_hoppers_shared_memory_is_caught():
     """The check can fail: one more Q/dO ring slot at d 128 puts the dK/dV kernel's buffers past
     227 KiB (it already holds K and V, two slots, P, dS and dQ's staging)."""
-    rows = compile_in_child([("backward", (1, 2, 300, 128), "bfloat16", False, False, 0)], extra_backward_stages=1)
+    rows = compile_in_child([("backward", BACKWARD_SHAPE[:3] + (128,), "bfloat16", False, False, 0)],
+                            extra_backward_stages=1)
     [(_, name, problems)] = rows
     assert name == "_flash_bwd_dkdv_kernel" and any("shared memory" in p for p in problems), rows
 

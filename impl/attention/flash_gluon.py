@@ -67,6 +67,11 @@ Schedule
     bits on every call.  Under torch.use_deterministic_algorithms(True): seven products,
     deterministic; a dQ kernel (one program per query tile, K_j and V_j from the ring)
     that first stores D, then the dK/dV kernel without dQ.
+    Small grids (ONE_LAUNCH_CONFIGS: at most a wave of SMs at d 64, half one at d 128, dQ and
+    dK/dV programs counted together): the backward is the Triton flavour's one-launch kernel
+    instead, its dQ programs and dK/dV programs in one grid, each computing the D rows it needs
+    from O and dO; one launch and no scratch, deterministic (CS336's sweep at N <= 4096, where a
+    backward's launches cost more than its products).
     Grid order: one-dimensional, a group of heads' tiles adjacent (_tile_and_head_at), the
     group as many heads as fill a quarter of L2 with what the programs stream (K and V, or
     Q, dO and dQ's sums), every head where all fit; so the resident programs share their
@@ -81,6 +86,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import os
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +94,7 @@ import triton
 
 from impl.attention import call_graphs, native_launch
 from impl.attention.call_graphs import CallGraphs
+from impl.attention.flash_triton import BackwardConfig
 from impl.attention.host_plans import PlanCache, as_4d, dense_strides_like, signature
 from impl.attention.triton_launch import Launch, fast_stream
 from impl.attention.validation import validate_attention_inputs
@@ -1084,20 +1091,29 @@ def _forward_splits(items: int, key_tiles: int, device: torch.device) -> int:
 # The one-launch backward on grids that leave SMs idle: the Triton flavour's kernel whose dQ and
 # dK/dV programs share one grid, each computing the D rows it needs (flash_triton.
 # _flash_bwd_one_launch_kernel).  One launch and three allocations a backward instead of three and
-# five, deterministic.  ONE_LAUNCH_CONFIGS: its tiles per head dim (None: never);
-# ONE_LAUNCH_MAX_PROGRAMS: the largest grid (dQ and dK/dV programs together) that takes it.
-ONE_LAUNCH_CONFIGS: dict = {}
-ONE_LAUNCH_MAX_PROGRAMS = 0
+# five, deterministic, and twice the programs of the dK/dV kernel alone.  Measured on an H200 at
+# B1 H1, N 128-4096 (perf/scripts/gluon_one_launch.py, perf/results/2026-11-29-h200-one-launch-backward):
+# d 64 with 64 x 64 tiles took less device time than the three launches at every N (87 against
+# 103 us at N 4096 causal) and at up to 384 programs wider; d 128 (64 x 32 tiles) did up to
+# N 1024, was level at N 2048 (64 programs) and 13 % slower at N 4096.  The host issued a backward
+# 10-40 us sooner.  Per head dim: (config, the most programs, dQ's and dK/dV's together, that take
+# it, in SMs: d 64 one wave, d 128 half).  LLM_SYSTEMS_GLUON_ONE_LAUNCH=0 switches it off (the gate
+# runs the backward laws so too, so that the Gluon kernels meet them at small grids as well).
+ONE_LAUNCH_CONFIGS: dict = {64: (BackwardConfig(64, 64, 64, 64, 4, 2, one_launch=True), 1.0),
+                            128: (BackwardConfig(64, 32, 64, 32, 4, 2, one_launch=True), 0.5)}
+if os.environ.get("LLM_SYSTEMS_GLUON_ONE_LAUNCH", "1") == "0":
+    ONE_LAUNCH_CONFIGS = {}
 
 
-def _one_launch_config(batch_heads: int, n_q: int, n_k: int, d: int, mutant: int):
+def _one_launch_config(batch_heads: int, n_q: int, n_k: int, d: int, device: torch.device, mutant: int):
     """The one-launch backward's config for this grid, or None (the Gluon kernels').  A kept
     mutant of the Gluon kernels always takes the Gluon kernels (its bug lives there)."""
-    cfg = ONE_LAUNCH_CONFIGS.get(d)
-    if cfg is None or mutant:
+    entry = ONE_LAUNCH_CONFIGS.get(d)
+    if entry is None or mutant:
         return None
+    cfg, share = entry
     programs = batch_heads * (triton.cdiv(n_q, cfg.dq_block_m) + triton.cdiv(n_k, cfg.dkdv_block_n))
-    return cfg if programs <= ONE_LAUNCH_MAX_PROGRAMS else None
+    return cfg if programs <= share * _resident_programs(device) else None
 
 
 def _validate(q, k, v, is_causal, scale) -> float:
@@ -1302,7 +1318,7 @@ class _BackwardPlan(_Pass):
         dq4s, dk4s, dv4s = (as_4d(torch.empty_strided(t.shape, s, device="meta")).stride()
                             for t, s in zip((q, k, v), self.strides))
         causal = bool(is_causal)
-        one = _one_launch_config(B * H, n_q, n_k, d, mutant)
+        one = _one_launch_config(B * H, n_q, n_k, d, q.device, mutant)
         self.fused = False
         if one is not None:
             from impl.attention.flash_triton import _options, one_launch_backward

@@ -35,6 +35,10 @@ Contract
     each key tile's dS K into it with atomic adds (their order varies on a GPU: dQ may
     differ in its last bits between calls); a last kernel scales and casts dQ.  Never
     taken by the table under torch.use_deterministic_algorithms(True) (see _one_pass).
+    One-launch backward (BackwardConfig.one_launch; the Gluon flavour's choice on small
+    grids): the dQ kernel's programs and the dK/dV kernel's in one grid, each dK/dV program
+    computing D_i for the query tiles it visits from O and dO; no D buffer, no atomics, one
+    launch.
     Split-KV forward (ForwardConfig.split_keys; the table's choice on small grids): each
     program covers one range of keys and stores its unnormalised O, running max and sum in
     float32; a combine kernel merges them.
@@ -60,7 +64,7 @@ Host path: a plan per call signature (shapes, strides, dtypes, devices, 16-byte 
 is_causal, scale) holds the checked scale, the config and each kernel launch with its
 strides fixed; inputs are validated when their plan is made, and launches go to Triton's
 C launcher directly (impl/attention/triton_launch.py).  Two launches a backward (three in
-one pass), one a forward (two split).
+one pass, one in one launch), one a forward (two split).
 
 Every key loop runs in stages: key tiles that no row of the query tile masks run without
 any masking work; only the tiles that straddle the causal diagonal or the end of the

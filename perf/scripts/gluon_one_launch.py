@@ -10,8 +10,7 @@ beside SDPA flash.  Per shape and variant, medians over ``--rounds`` rounds in s
 
     PYTHONPATH=. python perf/scripts/gluon_one_launch.py [--rounds 3] [--out FILE]
 
-A variant is forced by setting ``flash_gluon.ONE_LAUNCH_CONFIGS`` / ``ONE_LAUNCH_MAX_PROGRAMS``
-and clearing the plans and the C++ passes bound to call keys.  The last column is the largest
+A variant is forced by setting ``flash_gluon.ONE_LAUNCH_CONFIGS`` (any grid size) and clearing the plans and the C++ passes bound to call keys.  The last column is the largest
 |grad - grad_ref| of any variant (ref: SDPA's math backend in float32): a check that each
 forced plan computes the gradients (the laws are the real one).
 """
@@ -47,16 +46,16 @@ CANDIDATES = {
 
 
 def use(variant: str, d: int) -> None:
-    """Every new backward plan takes this variant: 'plan' (the Gluon kernels) or a candidate."""
+    """Every new backward plan takes this variant: 'plan' (the Gluon kernels' three launches at
+    every grid) or a candidate's one launch (at every grid)."""
     if variant == "plan":
-        fg.ONE_LAUNCH_CONFIGS, fg.ONE_LAUNCH_MAX_PROGRAMS = {}, 0
+        fg.ONE_LAUNCH_CONFIGS = {}
     else:
         n, m, qm, qn, warps, stages = CANDIDATES[d][variant]
-        fg.ONE_LAUNCH_CONFIGS = {d: BackwardConfig(n, m, qm, qn, warps, stages)}
-        fg.ONE_LAUNCH_MAX_PROGRAMS = 1 << 30
+        fg.ONE_LAUNCH_CONFIGS = {d: (BackwardConfig(n, m, qm, qn, warps, stages), float(1 << 20))}
     fg._PLANS.clear()
     if native_launch.built() is not None:
-        native_launch.clear_bound()
+        native_launch.built().clear_bound()
 
 
 def flushed(fn):

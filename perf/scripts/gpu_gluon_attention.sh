@@ -10,7 +10,7 @@ OUT=${OUT:-gpu-out}
 S=$OUT/tables
 mkdir -p "$S"
 { nvidia-smi -L; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"; } > "$OUT/device.txt" 2>&1
-STEPS=${STEPS:-probe laws leaderboard b4h16 sweep model step_native}
+STEPS=${STEPS:-probe laws laws_kernels leaderboard b4h16 sweep model step_native}
 # A Gluon mutant whose barrier waits on a phase that never comes hangs its child: declared hung after
 # 40 s without a call starting (compiling not counted), as in the gate; at the default 150 s its two runs
 # were the tier's longest tests (195 and 160 s; at 40 s, 53 and 14 s, and the controls still pass:
@@ -35,6 +35,12 @@ step laws "${LAWS_S:-480}" env GATE_PROGRESS="$OUT/progress" python -m pytest -n
     -p perf.gate.progress_log -p conformance.margins --margins-out "$OUT/margins" --device cuda --hypothesis-profile ci \
     properties/test_attention.py conformance/spec/test_attention.py conformance/selftests/test_mutants.py \
     -k "gluon or v_slot_freed or ready_phase or rescale_skipped or last_dq or discarded_split or q_freed or graph_keyed or bound_key or stats_read" -rfEsp --conformance-report "$OUT/report"
+# The flavour's laws and spec cases again with the one-launch backward off (LLM_SYSTEMS_GLUON_ONE_LAUNCH=0),
+# so that the Gluon backward kernels meet them at the small grids the laws draw, which the one-launch
+# backward takes (flash_gluon.ONE_LAUNCH_CONFIGS); the kept mutants take the Gluon kernels at every grid.
+step laws_kernels "${LAWS_KERNELS_S:-400}" env LLM_SYSTEMS_GLUON_ONE_LAUNCH=0 python -m pytest -n 12 -p no:cacheprovider -q \
+    --device cuda --hypothesis-profile ci properties/test_attention.py conformance/spec/test_attention.py \
+    -k gluon -rfEsp
 common=(--device cuda --dtypes bf16 --impls gluon triton sdpa_flash sdpa_cudnn --rounds 3 --no-plots)
 step leaderboard 90 python -m perf.bench.attention "${common[@]}" --seq 16384 --dims 64 --masks causal \
     --batch 1 --heads 16 --out "$S/leaderboard"

@@ -40,6 +40,11 @@ def ptxas_missing() -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
+# A backward grid past the one-launch backward's (flash_gluon.ONE_LAUNCH_CONFIGS: 160 programs at
+# either head dim), so that its plan launches the Gluon kernels.
+BACKWARD_SHAPE = (2, 8, 300, 64)
+
+
 def plan_cases(mutants: dict) -> dict:
     """Cases (pass, (B, H, N, d), dtype, causal, deterministic, kept mutant) in groups, one child
     process each.  Between them they give every specialisation the tables make: the persistent
@@ -54,7 +59,7 @@ def plan_cases(mutants: dict) -> dict:
         for d in (64, 128)
     }
     backward = {
-        f"backward-d{d}": [("backward", (1, 2, 300, d), dtype, causal, deterministic, 0)
+        f"backward-d{d}": [("backward", BACKWARD_SHAPE[:3] + (d,), dtype, causal, deterministic, 0)
                            for causal in (False, True) for deterministic in (False, True)
                            for dtype in (("bfloat16", "float16") if not causal and not deterministic else ("bfloat16",))]
         for d in (64, 128)
@@ -63,7 +68,7 @@ def plan_cases(mutants: dict) -> dict:
             for name in ("v_slot_freed_before_its_product", "ready_phase_off_by_one", "rescale_skipped",
                          "q_freed_before_its_last_scores")]
     kept += [("forward", (1, 1, 2048, 64), "bfloat16", False, False, mutants["discarded_split_counted"])]
-    kept += [("backward", (1, 2, 300, d), "bfloat16", False, False, mutants[name])
+    kept += [("backward", BACKWARD_SHAPE[:3] + (d,), "bfloat16", False, False, mutants[name])
              for d in (64, 128) for name in ("last_dq_partial_never_added", "stats_read_from_the_next_slot")]
     return forward | backward | {"kept-mutants": kept}
 
