@@ -23,6 +23,11 @@ step() {  # name, limit in seconds, command...  (only the names in $STEPS run)
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? $((SECONDS - t0))s: $(tail -n 1 "$OUT/$name.log")" >> "$OUT/summary.txt"
 }
+# The C++ launcher built once before any law worker starts (impl/attention/native_launch.py): on a fresh
+# machine the first of 12 workers built it while the others waited on its lock, and each worker's first
+# law counted that ~30 s wait as an example and drew one (perf/results/2026-11-29-h200-one-launch-backward).
+[[ " $STEPS " == *" laws"* ]] && python -c "from impl.attention import native_launch; native_launch.extension()" \
+    > "$OUT/native_build.log" 2>&1
 # The probe takes about 230 s on an H200 (its hang mutant alone waits 60 s): 300 leaves room.
 step probe "${PROBE_S:-300}" python perf/scripts/gluon_probe.py
 # 12 workers of 16 cores: the tier compiles many kernel variants (split-KV ones too); with 8 it had
