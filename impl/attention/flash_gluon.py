@@ -1095,10 +1095,11 @@ def _forward_splits(items: int, key_tiles: int, device: torch.device) -> int:
 # B1 H1, N 128-4096 (perf/scripts/gluon_one_launch.py, perf/results/2026-11-29-h200-one-launch-backward):
 # d 64 with 64 x 64 tiles took less device time than the three launches at every N (87 against
 # 103 us at N 4096 causal) and at up to 384 programs wider; d 128 (64 x 32 tiles) did up to
-# N 1024, was level at N 2048 (64 programs) and 13 % slower at N 4096.  The host issued a backward
-# 10-40 us sooner.  Per head dim: (config, the most programs, dQ's and dK/dV's together, that take
-# it, in SMs: d 64 one wave, d 128 half).  LLM_SYSTEMS_GLUON_ONE_LAUNCH=0 switches it off (the gate
-# runs the backward laws so too, so that the Gluon kernels meet them at small grids as well).
+# N 1024, was level at N 2048 (64 programs) and 3-14 % slower at N 4096.  The host issued a
+# backward a median of 28 us sooner.  Per head dim: (config, the most programs, dQ's and dK/dV's
+# together, that take it, in SMs: d 64 one wave, d 128 half).  LLM_SYSTEMS_GLUON_ONE_LAUNCH=0
+# switches it off (the gate and the tier run the flavour's laws so too, so that the Gluon kernels
+# meet them at small grids as well).
 ONE_LAUNCH_CONFIGS: dict = {64: (BackwardConfig(64, 64, 64, 64, 4, 2, one_launch=True), 1.0),
                             128: (BackwardConfig(64, 32, 64, 32, 4, 2, one_launch=True), 0.5)}
 if os.environ.get("LLM_SYSTEMS_GLUON_ONE_LAUNCH", "1") == "0":
@@ -1319,11 +1320,10 @@ class _BackwardPlan(_Pass):
                             for t, s in zip((q, k, v), self.strides))
         causal = bool(is_causal)
         one = _one_launch_config(B * H, n_q, n_k, d, q.device, mutant)
-        self.fused = False
         if one is not None:
             from impl.attention.flash_triton import _options, one_launch_backward
 
-            self.one_cfg = one
+            self.fused = False
             self.one = one_launch_backward((q4, as_4d(k), as_4d(v), o4, do4), (dq4s, dk4s, dv4s), one, causal,
                                            self.scale, False, _options(q.device, one.num_warps, one.num_stages))
             self._steps((self.one, ("q", "k", "v", "o", "do", "lse", "dq", "dk", "dv")), scratch=(), like=q)

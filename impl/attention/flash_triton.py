@@ -731,7 +731,7 @@ def _flash_bwd_preprocess_kernel(
     o = _load_tile(O + b * stride_ob + h * stride_oh, offs_m, stride_on, N_Q, offs_d, stride_od, HEAD_DIM, BLOCK_D, True)
     do = _load_tile(DO + b * stride_dob + h * stride_doh, offs_m, stride_don, N_Q, offs_d, stride_dod,
                     HEAD_DIM, BLOCK_D, True)
-    tl.store(Delta + bh * N_Q + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < N_Q)
+    tl.store(Delta + bh * N_Q + offs_m, _row_dot(o, do), mask=offs_m < N_Q)
     _store_tile(DQACC + bh * N_Q * HEAD_DIM, tl.zeros([BLOCK_M, BLOCK_D], tl.float32), offs_m, HEAD_DIM, N_Q,
                 offs_d, 1, HEAD_DIM)
 
