@@ -446,6 +446,47 @@ def test_small_grids_take_the_one_launch_backward_larger_ones_and_mutants_the_gl
             assert args[param].data_ptr() == t.data_ptr(), param
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "rows_off_16_bytes", "head_dim_strided"])
+def test_the_one_launch_backward_reads_each_tensor_with_its_own_strides(launches, monkeypatch, layout):
+    """The one launch reads by pointers with the strides the plan fixed, so every tensor it is
+    handed must have exactly those strides, in every layout, TMA-readable or not (rows whose
+    stride is no multiple of 16 bytes, a head dim that is not contiguous: the Gluon kernels
+    take copies of those, which the one launch must not be handed with the originals'
+    strides).  Its gradients come out laid out like q, k, v."""
+    from impl.attention import flash_triton
+
+    if not ONE_LAUNCH_CONFIGS:
+        pytest.skip("the one-launch backward is switched off (LLM_SYSTEMS_GLUON_ONE_LAUNCH=0)")
+    helpers = []
+    monkeypatch.setattr(flash_triton, "_flash_bwd_one_launch_kernel",
+                        _Recorder(flash_triton._flash_bwd_one_launch_kernel, helpers,
+                                  ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
+    monkeypatch.setattr(fg, "ONE_LAUNCH_CONFIGS", ONE_LAUNCH_CONFIGS)
+    B, H, N, d = 2, 3, 100, 64
+
+    def make():
+        if layout == "transposed":
+            return torch.randn(B, N, H, d).transpose(1, 2).to(torch.bfloat16)
+        if layout == "rows_off_16_bytes":  # 68 columns: a row is 136 bytes
+            return torch.randn(B, H, N, d + 4).to(torch.bfloat16)[..., :d]
+        if layout == "head_dim_strided":
+            return torch.randn(B, H, d, N).to(torch.bfloat16).transpose(-1, -2)
+        return torch.randn(B, H, N, d).to(torch.bfloat16)
+
+    q, k, v, grad_o = make(), make(), make(), make()
+    o, lse = torch.randn_like(q), torch.randn(B, H, N)
+    for _ in range(2):  # the plan's first call and a repeat
+        helpers.clear()
+        dq, dk, dv = fg.flash_backward(q, k, v, o, lse, grad_o, True)
+        (_, _, args, _), = helpers
+        for param, prefix in (("Q", "q"), ("K", "k"), ("V", "v"), ("O", "o"), ("DO", "do"),
+                              ("DQ", "dq"), ("DK", "dk"), ("DV", "dv")):
+            fixed = tuple(args[f"stride_{prefix}{dim}"] for dim in "bhnd")
+            assert args[param].stride() == fixed, f"{layout}: {param} has strides {args[param].stride()}, " \
+                                                   f"the launch reads it with {fixed}"
+        assert (dq.stride(), dk.stride(), dv.stride()) == tuple(fg.dense_strides_like(t) for t in (q, k, v))
+
+
 def test_a_plans_pass_gives_way_to_call_graphs_switched_on_later(launches, monkeypatch, emulated_passes):
     """``call_graphs.ENABLED`` is read on every call: a plan that bound its C++ pass while the
     graphs were off goes through its graphs once they are switched on, and back to the pass

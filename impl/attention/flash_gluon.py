@@ -1323,9 +1323,14 @@ class _BackwardPlan(_Pass):
         if one is not None:
             from impl.attention.flash_triton import _options, one_launch_backward
 
+            # Pointer loads take any strides: every tensor as it came, none copied (the Gluon
+            # kernels' copies of layouts TMA cannot read would not have the strides fixed here).
+            self.copy = (False,) * 4
+            self.plain = all(t.dim() == 4 for t in (q, k, v))
             self.fused = False
-            self.one = one_launch_backward((q4, as_4d(k), as_4d(v), o4, do4), (dq4s, dk4s, dv4s), one, causal,
-                                           self.scale, False, _options(q.device, one.num_warps, one.num_stages))
+            self.one = one_launch_backward((q4, as_4d(k), as_4d(v), o4, as_4d(grad_o)), (dq4s, dk4s, dv4s), one,
+                                           causal, self.scale, False,
+                                           _options(q.device, one.num_warps, one.num_stages))
             self._steps((self.one, ("q", "k", "v", "o", "do", "lse", "dq", "dk", "dv")), scratch=(), like=q)
             return
         # Five products at both head dims (d 128 in query rows: at B4 H16 N4096 full 3.03 against

@@ -308,6 +308,9 @@ def _neighbours(case: AttentionCase) -> list[tuple[str, AttentionCase]]:
     out.append(("dO in another layout", replace(case, layout=with_other_grad_output_layout(case.layout), seed=seed)))
     if case.layout != "misaligned":  # same shapes and strides; an address off 16-byte alignment
         out.append(("inputs one element past a 16-byte boundary", replace(case, layout="misaligned", seed=seed)))
+    if case.layout != "rows_padded":  # rows whose stride TMA cannot read: a plan that copies them must
+        # launch with the copies' strides, and one that reads them in place with theirs
+        out.append(("rows one element longer than the head dim", replace(case, layout="rows_padded", seed=seed)))
     return out
 
 
@@ -315,7 +318,8 @@ def results_do_not_depend_on_earlier_calls(attn, case: AttentionCase, device):
     """O and dQ, dK, dV of a call depend on its own inputs only.
 
     The case, then neighbours that differ from it in one respect each (the causal flag, the
-    layout, the key length, the dtype, the scale, the inputs' address alignment) run forward
+    layout, the key length, the dtype, the scale, the inputs' address alignment, a row stride
+    of no multiple of 16 bytes) run forward
     and backward in turn; every
     output is judged against its float64 reference after all of them have run.  A cache
     keyed on too little (a mask, a compiled kernel, a launch plan) gives a neighbour the

@@ -35,6 +35,7 @@ class AttentionCase:
     value_scale: float  # q and k are drawn with this std; large values make huge scores
     layout: str  # "contiguous", "transposed" ((B, N, H, d) storage seen as (B, H, N, d)), "strided",
     # or "misaligned" (contiguous from one element into its storage; drawn by one law's neighbours),
+    # or "rows_padded" (each row one element longer than d: a row stride TMA cannot read; the same),
     # or "mixed" (each of q, k, v, dO in its own layout: PER_TENSOR_LAYOUTS)
     seed: int
     # Uninitialised allocations NaN-filled during the call (torch's fill, which runs under its
@@ -104,6 +105,12 @@ def _lay_out_on(x: torch.Tensor, layout: str, device) -> torch.Tensor:
         out = storage[1:].view(x.shape)
         out.copy_(x.to(device))
         return out
+    if layout == "rows_padded":
+        # every row one element longer than d, the extra one NaN: a row stride that is no multiple
+        # of 16 bytes in any dtype, which tensor descriptors (TMA) cannot read in place
+        padded = torch.full((*x.shape[:-1], x.shape[-1] + 1), float("nan"), dtype=x.dtype)
+        padded[..., : x.shape[-1]] = x
+        return padded.to(device)[..., : x.shape[-1]]
     if layout == "transposed" and x.dim() >= 3:
         # storage (..., N, H, d); the view (..., H, N, d) has strides (.., d, H*d, 1); for 3-D
         # inputs storage (N, B, d) seen as (B, N, d)
