@@ -13,6 +13,7 @@ import torch, torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import impl.attention.flash_gluon as fg
 from impl.attention import triton_launch
+fg.ONE_LAUNCH_CONFIGS = {}  # the three launches of the Gluon backward (written before the one-launch backward)
 
 def host_us(fn, calls=300):
     fn(); torch.cuda.synchronize()

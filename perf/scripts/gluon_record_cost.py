@@ -5,6 +5,7 @@ its three launches and a replay (B1 H1 N128 d64 causal bf16; a Hopper GPU).
 """
 import time, torch, json
 from impl.attention import call_graphs, flash_gluon as fg
+fg.ONE_LAUNCH_CONFIGS = {}  # the three launches of the Gluon backward (written before the one-launch backward)
 q, k, v, do = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
 for t in (q, k, v): t.requires_grad_(True)
 o = fg.FlashAttentionGluon.apply(q, k, v, True); o.backward(do, retain_graph=True)
