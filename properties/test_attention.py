@@ -100,6 +100,58 @@ def test_gpu_budgets_try_more_query_tiles_than_twice_any_gpus_sms_first(flavour)
     assert {c.d for c in many} == {64, 128}  # kernels specialise on the head dim
 
 
+def _is_the_familys_longest_case(case, budget, flavour) -> bool:
+    from conformance.laws.attention.strategies import CONTRACT_HEAD_DIMS, CONTRACT_LENGTHS, contract_lengths
+
+    longest = max(contract_lengths(budget, flavour, False))
+    return ((case.batch, case.n_q, case.n_k, case.d, case.scale, case.value_scale, case.layout)
+            == ((1,), longest, longest, 64, None, 1.0, "contiguous")
+            and longest in CONTRACT_LENGTHS and 64 in CONTRACT_HEAD_DIMS and case.dtype in budget.dtypes)
+
+
+@pytest.mark.parametrize("flavour", ["pytorch", "triton"])
+def test_contract_laws_try_their_familys_longest_causal_case_first(flavour):
+    """Each contract law tries one case of its own family before its draws: one batch element at
+    the longest contract length the budget runs, causal for a kernel flavour (the PyTorch
+    flavour's contract has no mask), d 64.  Drawn at random, a causal grid long enough to give
+    a split-KV kernel splits with no keys of their own came so seldom that on an H200 the kept
+    mutant ``discarded_split_counted`` passed the contract forward law in one tier run of three.
+    The case is a member of the family (nothing the handout does not ask); the long laws, whose
+    few draws are all long, take none."""
+    from dataclasses import replace
+
+    from conformance.laws.attention.strategies import budget_for
+    from conformance.verdicts import NeedsHardware
+
+    budget = budget_for(flavour, torch.device("cpu"))
+    for law in CONTRACT_LAWS:
+        if law.flavours and flavour not in law.flavours:
+            continue
+        ran = []
+        check = lambda attn, case, device: ran.append(case)  # noqa: E731
+        try:
+            check_law(replace(law, check=check), None, "cpu", flavour, max_examples=1)
+        except NeedsHardware:  # a long law the interpreter cannot run
+            continue
+        if law.needs:  # the long laws
+            assert not any(_is_the_familys_longest_case(c, budget, flavour) and c.seed == 5000 for c in ran), law.name
+            continue
+        assert _is_the_familys_longest_case(ran[0], budget, flavour), (law.name, ran[0])
+        assert ran[0].is_causal == (flavour != "pytorch"), law.name
+
+
+@pytest.mark.parametrize("flavour", ["triton", "gluon"])
+def test_gpu_contract_laws_try_a_causal_head_of_a_thousand_keys_first(flavour):
+    """On a GPU the kernel flavours' corner is causal at N 1024: 8 key tiles of 128, a grid a
+    split-KV forward cuts (the kept Gluon mutant of a keyless split's sums shows there)."""
+    from conformance.laws.attention.strategies import budget_for, contract_corner_cases
+
+    budget = budget_for(flavour, torch.device("cuda"))
+    (case,) = contract_corner_cases(budget, flavour)
+    assert _is_the_familys_longest_case(case, budget, flavour) and case.is_causal and case.n_q == 1024
+    assert contract_corner_cases(budget, flavour, long=True) == []
+
+
 @pytest.mark.parametrize("flavour", ["pytorch", "triton"])
 def test_wider_laws_try_the_boundary_cases_first_cheapest_first(flavour, monkeypatch):
     """The boundary cases run before any draw and in their list's order, cheapest first, so a

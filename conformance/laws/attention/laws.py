@@ -32,6 +32,7 @@ from conformance.laws.attention.strategies import (
     boundary_cases,
     budget_for,
     contract_cases,
+    contract_corner_cases,
     contract_lengths,
     tiny_float64_cases,
     with_other_grad_output_layout,
@@ -497,9 +498,14 @@ def _accepting_tf32(check):
 # attention the kernel replaces (torch's scaled_dot_product_attention) do.  None of them
 # pins a tile size, a launch or recomputation count, memory, or which tensors besides L are
 # saved.
+_CONTRACT_FAMILIES: dict = {}  # a contract law's name -> its (long, causal), which its corner case follows
+
+
 def _contract(name, check, long=False, causal=None, flavours=()):
-    # Only the course's shapes, dtypes and flags (strategies.contract_cases); no extra examples.
+    # Only the course's shapes, dtypes and flags (strategies.contract_cases), the family's corner
+    # first (strategies.contract_corner_cases); no case from outside the family.
     # Float32 dots in TF32 pass, as the course's tests let them (tf32_dots_accepted).
+    _CONTRACT_FAMILIES[name] = (long, causal)
     return Law(name, "attention", CONTRACT, lambda b, c, fl: contract_cases(b, fl, long=long, causal=causal),
                _accepting_tf32(check), flavours=flavours, needs=(LONG_SEQUENCES,) if long else ())
 
@@ -533,8 +539,9 @@ def fresh_compile_caches() -> None:
 def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> None:
     """Run one law under Hypothesis against ``attn``; raises the shrunk counterexample.
 
-    A contract law draws contract cases only and tries no extra examples; a wider law tries
-    the boundary cases first (causal, one row past a tile multiple) in every profile."""
+    A contract law draws contract cases only, its family's corner first (the longest length,
+    causal for a kernel: ``contract_corner_cases``); a wider law tries the boundary cases first
+    (causal, one row past a tile multiple) in every profile."""
     budget = budget_for(flavour, torch.device(device))
     if law.tier == CONTRACT:
         long = LONG_SEQUENCES in law.needs
@@ -545,7 +552,11 @@ def check_law(law: Law, attn, device, flavour: str, **settings_overrides) -> Non
             settings_overrides["max_examples"] = min(settings_overrides.get("max_examples", LONG_EXAMPLES), LONG_EXAMPLES)
     else:
         strategy = law.cases(budget, accepts_scale(attn))
-    fixed = boundary_cases(budget, flavour) if law.tier != CONTRACT and law.name != "float64_gradcheck" else []
+    if law.tier == CONTRACT:
+        long, causal = _CONTRACT_FAMILIES[law.name]
+        fixed = contract_corner_cases(budget, flavour, long=long, causal=causal)
+    else:
+        fixed = boundary_cases(budget, flavour) if law.name != "float64_gradcheck" else []
     law = BudgetedLaw(law, fixed=len(fixed), label=f"{law.name}[{flavour}]")  # the test below keeps its source
 
     @settings(**settings_overrides)

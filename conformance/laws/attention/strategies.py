@@ -256,6 +256,29 @@ def contract_cases(draw, budget: Budget, flavour: str, *, long: bool = False, ca
     )
 
 
+def contract_corner_cases(budget: Budget, flavour: str, *, long: bool = False,
+                          causal: bool | None = None) -> list[AttentionCase]:
+    """The one case of the contract's family a contract law tries first, in every profile: one
+    batch element at the longest contract length the budget runs, causal where the flavour's
+    contract has the flag (a kernel's), d 64 (or the nearest the budget has), the first contract
+    dtype the budget offers, run as a user runs it.  Still a contract case, drawn from nowhere
+    else.  It is the family's largest grid of key tiles under a causal mask: where a kernel that
+    cuts a short grid's keys into splits has splits with no keys of their own, which random draws
+    (short or non-causal half the time) reached only now and then (the kept Gluon mutant
+    ``discarded_split_counted`` passed the contract forward law once in three GPU runs).  None
+    for the long laws, whose few draws are all long already."""
+    lengths_here = contract_lengths(budget, flavour, long)
+    dims = contract_head_dims(budget, long)
+    dtypes = [t for t in (torch.float32, torch.bfloat16) if t in budget.dtypes]
+    if long or not lengths_here or not dims or not dtypes:
+        return []
+    if causal is None:
+        causal = flavour in KERNEL_FLAVOURS
+    d = min(dims, key=lambda x: (abs(x - 64), x))
+    return [AttentionCase((1,), max(lengths_here), max(lengths_here), d, dtypes[0], causal, None, 1.0,
+                          "contiguous", 5000, poisoned=False)]
+
+
 def boundary_cases(budget: Budget, flavour: str = "pytorch") -> list[AttentionCase]:
     """Explicit examples every law tries first, cheapest first: causal, one row past a tile multiple; one
     case with every tensor in its own layout; and, where the budget runs sequences in the
