@@ -45,6 +45,7 @@ import argparse
 import contextlib
 import functools
 import os
+import random
 import statistics
 import sys
 import time
@@ -217,7 +218,11 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
     ``rounds`` > 1: each case measures every implementation once a round, the rounds one after
     another, and a row holds the median of its rounds (``ms_rounds`` the values).  Where the
     host decides the time (short sequences), the host's speed drifts by tens of percent over
-    seconds; interleaving puts every implementation in every phase of it.
+    seconds; interleaving puts every implementation in every phase of it.  Each round measures
+    the (implementation, pass) pairs in an order of its own (``round_orders``):
+    in one fixed order the first implementation always ran right after the last one's
+    measurements, and on an H200 the measurement right after SDPA's read 2-5 % slower whatever
+    code it held (perf/results/2026-11-28-h200-backward-host-floor).
     """
     if not (isinstance(rounds, int) and rounds >= 1):
         raise ValueError(f"rounds must be a positive int, got {rounds!r}")
@@ -232,16 +237,17 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
     deadline = Deadline(time_budget_s)
     result = SweepResult()
     warm_up_device(device)
+    by_case: list = []  # the cases measured so far (each case's orders are seeded by its place)
     for case in cases:
         if deadline.expired:
             result.not_run.extend(f"{impl.name} {_case_label(case)}" for impl in impls)
             continue
         by_key: dict = {}
-        for _ in range(rounds):
-            for impl in impls:
-                for pass_ in passes:
-                    row = measure_pass(impl, case, pass_, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
-                    by_key.setdefault((impl.name, pass_), []).append(row)
+        for order in round_orders([(impl, pass_) for impl in impls for pass_ in passes], rounds, seed=len(by_case)):
+            for impl, pass_ in order:
+                row = measure_pass(impl, case, pass_, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+                by_key.setdefault((impl.name, pass_), []).append(row)
+        by_case.append(case)
         for impl in impls:
             label = f"{impl.name} {_case_label(case)}"
             for pass_ in passes:
@@ -255,6 +261,21 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
     if result.not_run and log:
         log(f"time budget of {time_budget_s} s reached: {len(result.not_run)} (impl, case) pairs not run")
     return result
+
+
+def round_orders(pairs: list, rounds: int, seed: int = 0) -> list[list]:
+    """The order of ``pairs`` in each of ``rounds`` rounds: as listed for one round, else each
+    round shuffled on its own (seeded: a rerun measures in the same orders).  A shuffle, not a
+    rotation: a rotation keeps each pair behind the same one."""
+    if rounds == 1:
+        return [list(pairs)]
+    rng = random.Random(seed)
+    orders = []
+    for _ in range(rounds):
+        order = list(pairs)
+        rng.shuffle(order)
+        orders.append(order)
+    return orders
 
 
 def _case_label(case: Case) -> str:

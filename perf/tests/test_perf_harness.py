@@ -105,6 +105,38 @@ def test_time_budget_stops_between_cases_and_still_writes(device, tmp_path):
     assert "not run (time budget)" in (tmp_path / "attention.md").read_text()
 
 
+def test_each_round_of_a_sweep_measures_its_pairs_in_an_order_of_its_own(monkeypatch):
+    """With rounds, no (implementation, pass) pair always follows the same one: the first
+    implementation listed no longer always runs right after the last one's measurements (on an
+    H200 the measurement after SDPA's read 2-5 % slower whatever code it held).  One round
+    measures as listed; the orders are seeded, so a rerun measures in the same ones."""
+    ran = []
+
+    def measured(impl, case, pass_, device, **_):
+        ran.append((case.seq, impl.name, pass_))
+        return dict(impl=impl.name, pass_=pass_, ms=1.0, tflops=1.0, host_us=1.0, peak_mib=1.0, status="ok")
+
+    monkeypatch.setattr(bench_attention, "measure_pass", measured)
+    impls = [AttentionImpl(name, None) for name in ("ours", "peer")]
+    passes = ["forward", "backward", "forward_backward"]
+    rounds = 8
+    bench_attention.sweep([16, 32], [16], ["fp32"], impls, passes, rounds=rounds, **TINY)
+    pairs = [(i.name, p) for i in impls for p in passes]
+    by_round = [ran[r * len(pairs):(r + 1) * len(pairs)] for r in range(2 * rounds)]
+    assert all(sorted(p[1:] for p in order) == sorted(pairs) for order in by_round)  # each pair once a round
+    firsts = {order[0][1:] for order in by_round}
+    after_the_peer = {order[i + 1][1:] for order in by_round for i in range(len(order) - 1) if order[i][1] == "peer"}
+    assert len(firsts) > 1 and {"ours", "peer"} <= {name for name, _ in firsts}, firsts
+    assert any(name == "peer" for name, _ in after_the_peer) and any(name == "ours" for name, _ in after_the_peer)
+    again = list(ran)
+    ran.clear()
+    bench_attention.sweep([16, 32], [16], ["fp32"], impls, passes, rounds=rounds, **TINY)
+    assert ran == again  # seeded
+    ran.clear()
+    bench_attention.sweep([16], [16], ["fp32"], impls, passes, rounds=1, **TINY)
+    assert [p[1:] for p in ran] == pairs  # one round: as listed
+
+
 def test_model_oom_is_a_row_and_the_run_goes_on(device, monkeypatch):
     real_attention = gpt.attention
 
