@@ -139,6 +139,8 @@ def table_entries():
         for waves, cfg, *_ in tiers:
             yield (f"small-grid {'causal' if causal else 'non-causal'} bwd d{bucket} <= {waves} waves",
                    False, bucket, causal, "bwd", cfg)
+    for bucket, (cfg, waves) in ft._ONE_LAUNCH_BWD.items():
+        yield f"one-launch bwd d{bucket} <= {waves} waves of programs", False, bucket, None, "bwd", cfg
 
 
 TABLE = list(table_entries())
@@ -183,9 +185,20 @@ def check_table_entry(entry, device) -> None:
 def test_small_grids_get_small_tiles_and_the_anchor_shapes_keep_the_table():
     h100 = 132
     fwd_table, bwd_table = ft._GPU_FWD[(False, 64)], ft._GPU_BWD[(False, 64)]
-    # CS336's sweep (batch 1, one head) up to N = 16384: one wave of 128-row tiles or less;
-    # causal d=64 there and up to two waves: the one-pass backward
-    for n in (128, 1024, 16384):
+    # CS336's sweep (batch 1, one head): the one launch up to its programs' limit (one wave of
+    # 64-row dQ and dK/dV programs: N 4224), causal or not; then, causal d=64 up to two waves of
+    # 128-row tiles: the one-pass backward
+    for causal in (True, False):
+        for bucket, n_last in ((64, 4224), (128, 4224)):
+            assert ft.pick_backward_config(False, bucket, causal, 1, n_last, h100).one_launch
+            assert not ft.pick_backward_config(False, bucket, causal, 1, n_last + 1, h100).one_launch
+            assert not ft.pick_backward_config(True, bucket, causal, 1, 128, h100).one_launch  # float32
+        assert ft.pick_backward_config(False, 64, causal, 2, 2112, h100).one_launch  # batch-heads count
+        assert not ft.pick_backward_config(False, 64, causal, 3, 2112, h100).one_launch
+        assert not ft.pick_backward_config(False, 256, causal, 1, 128, h100).one_launch  # no entry past d 128
+    assert ft.pick_backward_config(False, 64, True, 1, 128, h100, n_q=64 * 130).one_launch  # n_q counts too
+    assert not ft.pick_backward_config(False, 64, True, 1, 128, h100, n_q=64 * 130 + 1).one_launch
+    for n in (8192, 16384):
         assert ft.pick_backward_config(False, 64, True, 1, n, h100).dkdv_block_n == 64
         assert ft.pick_backward_config(False, 64, True, 1, n, h100).dq_atomic
     # the split-KV forward: from three splits of 256 keys, up to half a wave (one under causal

@@ -35,10 +35,10 @@ Contract
     each key tile's dS K into it with atomic adds (their order varies on a GPU: dQ may
     differ in its last bits between calls); a last kernel scales and casts dQ.  Never
     taken by the table under torch.use_deterministic_algorithms(True) (see _one_pass).
-    One-launch backward (BackwardConfig.one_launch; the Gluon flavour's choice on small
-    grids): the dQ kernel's programs and the dK/dV kernel's in one grid, each dK/dV program
-    computing D_i for the query tiles it visits from O and dO; no D buffer, no atomics, one
-    launch.
+    One-launch backward (BackwardConfig.one_launch; the choice of both flavours, for 16-bit
+    inputs, on grids of at most a few waves of its programs: _ONE_LAUNCH_BWD): the dQ
+    kernel's programs and the dK/dV kernel's in one grid, each dK/dV program computing D_i
+    for the query tiles it visits from O and dO; no D buffer, no atomics, one launch.
     Split-KV forward (ForwardConfig.split_keys; the table's choice on small grids): each
     program covers one range of keys and stores its unnormalised O, running max and sum in
     float32; a combine kernel merges them.
@@ -48,7 +48,7 @@ Contract
     Tile sizes: a small table per (device kind, dtype, head dim; the backward also per
     causal or not where that measured differently), and for 16-bit inputs on a GPU a
     small-grid backward entry where batch x heads x 128-row key tiles fill at most about
-    one wave of SMs (pick_backward_config); ``flash_forward`` and
+    one wave of SMs, the one launch on the smallest of those (pick_backward_config); ``flash_forward`` and
     ``flash_backward`` take a ``config`` override (ForwardConfig / BackwardConfig or a
     dict of their fields).  Besides tiles, warps and stages a config chooses:
       longest_first  under causal masking, launch the programs with the most key (query)
@@ -872,6 +872,31 @@ _SMALL_GRID_BWD = {
 }
 
 
+# The one-launch backward on small grids (16-bit; per head-dim bucket: its config and the most
+# programs, dQ's and dK/dV's together, in waves of SMs).  Measured on an H200 at B1 H1 N 128-4096
+# and five wider grids, against the entries above (perf/scripts/gluon_one_launch.py --flavour
+# triton, perf/results/2026-11-29-h200-contract-corner-shuffled-sweep): d 64 with 64 x 64 tiles
+# took 19-42 % less device time than the table's entries at every grid, up to 384 programs (B4
+# H12 N256 causal: 24.0 against 29.6 us); d 128 with 64 x 32 tiles 10-38 % less up to 128
+# programs (N 4096: 190 against 212 us causal, 166 against 185 full) and 3 % less at 256.  One
+# launch and three allocations a backward instead of three and five, and deterministic (no
+# atomics).  Up to one wave of programs, where every B1 H1 point measured lies (N <= 4224); the
+# wider grids measured were short rows only.
+_ONE_LAUNCH_BWD = {
+    64: (BackwardConfig(64, 64, 64, 64, 4, 2, one_launch=True), 1.0),
+    128: (BackwardConfig(64, 32, 64, 32, 4, 2, one_launch=True), 1.0),
+}
+
+
+def _one_launch_entry(bucket: int, batch_heads: int, n_q: int, n_k: int, sm_count: int):
+    entry = _ONE_LAUNCH_BWD.get(bucket)
+    if entry is None:
+        return None
+    cfg, max_waves = entry
+    programs = batch_heads * (triton.cdiv(n_q, cfg.dq_block_m) + triton.cdiv(n_k, cfg.dkdv_block_n))
+    return cfg if programs <= max_waves * sm_count else None
+
+
 def _small_grid_entry(tiers, waves: float):
     for max_waves, cfg, *_ in tiers:
         if waves <= max_waves:
@@ -930,18 +955,23 @@ def pick_forward_config(fp32: bool, bucket: int, batch_heads: int, n_q: int, sm_
 
 def default_backward_config(dtype: torch.dtype, head_dim: int, device: torch.device,
                             is_causal: bool = True, batch_heads: int | None = None,
-                            n_k: int | None = None) -> BackwardConfig:
-    """The table's config; with ``batch_heads`` and ``n_k`` given, the small-grid one where
-    the launch would fill few SMs."""
+                            n_k: int | None = None, n_q: int | None = None) -> BackwardConfig:
+    """The table's config; with ``batch_heads`` and ``n_k`` (and ``n_q``, default ``n_k``)
+    given, the small-grid one where the launch would fill few SMs."""
     if device.type != "cuda":
         return _INTERPRETER_BWD
     fp32, bucket = dtype == torch.float32, _head_dim_bucket(_block_d(head_dim))
     if batch_heads is not None and n_k is not None:
-        return pick_backward_config(fp32, bucket, bool(is_causal), batch_heads, n_k, _device_sm_count(device))
+        return pick_backward_config(fp32, bucket, bool(is_causal), batch_heads, n_k, _device_sm_count(device), n_q)
     return pick_backward_config(fp32, bucket, bool(is_causal), None, None, None)
 
 
-def pick_backward_config(fp32: bool, bucket: int, is_causal: bool, batch_heads, n_k, sm_count) -> BackwardConfig:
+def pick_backward_config(fp32: bool, bucket: int, is_causal: bool, batch_heads, n_k, sm_count,
+                         n_q: int | None = None) -> BackwardConfig:
+    one_launch = (None if fp32 or batch_heads is None
+                  else _one_launch_entry(bucket, batch_heads, n_k if n_q is None else n_q, n_k, sm_count))
+    if one_launch is not None:
+        return one_launch
     tiers = () if fp32 or batch_heads is None else _SMALL_GRID_BWD.get((is_causal, bucket), ())
     small = _small_grid_entry(tiers, _waves(batch_heads, n_k, sm_count)) if tiers else None
     if small is not None:
@@ -1097,7 +1127,8 @@ class _BackwardPlan:
         d = q.shape[-1]
         batch_heads = math.prod(q.shape[:-2])
         cfg = _coerce_config(config, BackwardConfig,
-                             default_backward_config(q.dtype, d, q.device, is_causal, batch_heads, k.shape[-2]))
+                             default_backward_config(q.dtype, d, q.device, is_causal, batch_heads, k.shape[-2],
+                                                     q.shape[-2]))
         _check_blocks(dkdv_block_n=cfg.dkdv_block_n, dkdv_block_m=cfg.dkdv_block_m, dq_block_m=cfg.dq_block_m,
                       dq_block_n=cfg.dq_block_n, preprocess_block_m=cfg.preprocess_block_m)
         self.q_shape, self.k_shape, self.v_shape, self.lse_shape = q.shape, k.shape, v.shape, q.shape[:-1]

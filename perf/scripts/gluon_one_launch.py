@@ -10,6 +10,12 @@ beside SDPA flash.  Per shape and variant, medians over ``--rounds`` rounds in s
 
     PYTHONPATH=. python perf/scripts/gluon_one_launch.py [--rounds 3] [--out FILE]
 
+``--flavour triton``: the Triton flavour instead (``FlashAttentionTriton``), whose small grids
+take its table's backward: "plan" is the table without its one-launch entries
+(``flash_triton._SMALL_GRID_BWD``: the one-pass with atomic dQ at d 64, two kernels at d 128),
+a candidate's one launch takes every grid.  ``--shapes B,H,N,d,causal|full ...`` measures those
+shapes instead of the default ones.
+
 A variant is forced by setting ``flash_gluon.ONE_LAUNCH_CONFIGS`` (any grid size) and clearing the plans and the C++ passes bound to call keys.  The last column is the largest
 |grad - grad_ref| of any variant (ref: SDPA's math backend in float32): a check that each
 forced plan computes the gradients (the laws are the real one).
@@ -27,6 +33,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from impl.attention import flash_gluon as fg
+from impl.attention import flash_triton as ft
 from impl.attention import native_launch
 from impl.attention.flash_triton import BackwardConfig
 from perf.lib.measure import host_us_per_call, kernel_us_per_call, median_ms
@@ -43,6 +50,25 @@ CANDIDATES = {
     128: {"one 64x64": (64, 64, 64, 64, 4, 2), "one 128x64": (128, 64, 64, 64, 8, 2),
           "one 64x32": (64, 32, 64, 32, 4, 2), "one 32x32": (32, 32, 32, 32, 4, 1)},
 }
+
+
+TRITON_CANDIDATES = {
+    64: {"one 64x64": (64, 64, 64, 64, 4, 2), "one 64x64 tma": (64, 64, 64, 64, 4, 2, True),
+         "one 64x32": (64, 32, 64, 32, 4, 2)},
+    128: {"one 64x32": (64, 32, 64, 32, 4, 2), "one 64x64": (64, 64, 64, 64, 4, 2),
+          "one 32x32": (32, 32, 32, 32, 4, 1)},
+}
+def use_triton(variant: str, d: int) -> None:
+    """Every new Triton backward plan takes this variant: 'plan' (the table without its one-launch
+    entries, ``flash_triton._ONE_LAUNCH_BWD``) or a candidate's one launch at every grid of head
+    dim d, causal or not."""
+    if variant == "plan":
+        ft._ONE_LAUNCH_BWD = {}
+    else:
+        n, m, qm, qn, warps, stages, *tma = TRITON_CANDIDATES[d][variant]
+        cfg = BackwardConfig(n, m, qm, qn, warps, stages, one_launch=True, tma=bool(tma and tma[0]))
+        ft._ONE_LAUNCH_BWD = {64 if d <= 64 else 128: (cfg, 1e9)}
+    ft._PLANS.clear()
 
 
 def use(variant: str, d: int) -> None:
@@ -89,20 +115,29 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-wider", action="store_true", help="only CS336's short points (B1 H1)")
+    p.add_argument("--flavour", default="gluon", choices=["gluon", "triton"])
+    p.add_argument("--shapes", nargs="+", default=None, help="B,H,N,d,causal|full each (default: the sweep's and WIDER)")
+    p.add_argument("--candidates", nargs="+", default=None, help="only these candidates (by name)")
     a = p.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     shuffle = random.Random(0)
     columns = ("bwd", "fwd+bwd", "host", "kernels")
     print("| B H N d mask | variant | programs | " + " | ".join(columns) + " |")
     print("|---|---|---:|" + "---:|" * len(columns))
-    for B, H, n, d, causal in SHAPES + ([] if a.no_wider else WIDER):
+    shapes = SHAPES + ([] if a.no_wider else WIDER)
+    if a.shapes:
+        shapes = [(*map(int, x.split(",")[:4]), x.split(",")[4] == "causal") for x in a.shapes]
+    for B, H, n, d, causal in shapes:
         q, k, v, do = cuda_attention_inputs(B, H, n, d)
         grads = [q, k, v]
         with sdpa_kernel(SDPBackend.MATH):
             qf, kf, vf = (t.detach().float().requires_grad_(True) for t in grads)
             F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal).backward(do.float())
             ref = [qf.grad, kf.grad, vf.grad]
-        variants = ["plan", *CANDIDATES[d], "flash"]
+        candidates = TRITON_CANDIDATES if a.flavour == "triton" else CANDIDATES
+        use_variant = use_triton if a.flavour == "triton" else use
+        function = ft.FlashAttentionTriton if a.flavour == "triton" else fg.FlashAttentionGluon
+        variants = ["plan", *(c for c in candidates[d] if not a.candidates or c in a.candidates), "flash"]
         times = {name: {} for name in variants}
         errors = {name: [] for name in variants}
         for r in range(a.rounds):
@@ -114,14 +149,14 @@ def main():
                         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                 else:
-                    use(name, d)
-                    attend = lambda: fg.FlashAttentionGluon.apply(q, k, v, causal)  # noqa: E731
+                    use_variant(name, d)
+                    attend = lambda: function.apply(q, k, v, causal)  # noqa: E731
                 measure(attend, q, k, v, do, grads, times[name], ref if r == 0 else None, errors[name])
-        use("plan", d)
+        use_variant("plan", d)
         shape = f"B{B} H{H} N{n} d{d} {'causal' if causal else 'full'}"
         for name in variants:
-            if name in CANDIDATES[d]:
-                bn, _, qm, *_ = CANDIDATES[d][name]
+            if name in candidates[d]:
+                bn, _, qm, *_ = candidates[d][name]
                 programs = B * H * (triton.cdiv(n, qm) + triton.cdiv(n, bn))
             else:
                 programs = ""
