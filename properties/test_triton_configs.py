@@ -139,8 +139,9 @@ def table_entries():
         for waves, cfg, *_ in tiers:
             yield (f"small-grid {'causal' if causal else 'non-causal'} bwd d{bucket} <= {waves} waves",
                    False, bucket, causal, "bwd", cfg)
-    for bucket, (cfg, waves) in ft._ONE_LAUNCH_BWD.items():
-        yield f"one-launch bwd d{bucket} <= {waves} waves of programs", False, bucket, None, "bwd", cfg
+    for (causal, bucket), (cfg, waves) in ft._ONE_LAUNCH_BWD.items():
+        yield (f"one-launch {'causal' if causal else 'non-causal'} bwd d{bucket} <= {waves} waves of programs",
+               False, bucket, causal, "bwd", cfg)
 
 
 TABLE = list(table_entries())
@@ -185,22 +186,19 @@ def check_table_entry(entry, device) -> None:
 def test_small_grids_get_small_tiles_and_the_anchor_shapes_keep_the_table():
     h100 = 132
     fwd_table, bwd_table = ft._GPU_FWD[(False, 64)], ft._GPU_BWD[(False, 64)]
-    # CS336's sweep (batch 1, one head): the one launch up to its programs' limit (one wave of
-    # 64-row dQ and dK/dV programs: N 4224), causal or not; then, causal d=64 up to two waves of
-    # 128-row tiles: the one-pass backward
-    for causal in (True, False):
-        for bucket, n_last in ((64, 4224), (128, 4224)):
-            assert ft.pick_backward_config(False, bucket, causal, 1, n_last, h100).one_launch
-            assert not ft.pick_backward_config(False, bucket, causal, 1, n_last + 1, h100).one_launch
-            assert not ft.pick_backward_config(True, bucket, causal, 1, 128, h100).one_launch  # float32
-        assert ft.pick_backward_config(False, 64, causal, 2, 2112, h100).one_launch  # batch-heads count
-        assert not ft.pick_backward_config(False, 64, causal, 3, 2112, h100).one_launch
+    # CS336's sweep (batch 1, one head): the one launch up to its programs' limit (64-row dQ
+    # and dK/dV programs: four waves causal at d 64, N 16896; two elsewhere, N 8448); then, causal
+    # d=64 up to two waves of 128-row tiles: the one-pass backward
+    for causal, bucket, n_last in ((True, 64, 16896), (False, 64, 8448), (True, 128, 8448), (False, 128, 8448)):
+        assert ft.pick_backward_config(False, bucket, causal, 1, n_last, h100).one_launch
+        assert not ft.pick_backward_config(False, bucket, causal, 1, n_last + 1, h100).one_launch
+        assert not ft.pick_backward_config(True, bucket, causal, 1, 128, h100).one_launch  # float32
         assert not ft.pick_backward_config(False, 256, causal, 1, 128, h100).one_launch  # no entry past d 128
-    assert ft.pick_backward_config(False, 64, True, 1, 128, h100, n_q=64 * 130).one_launch  # n_q counts too
-    assert not ft.pick_backward_config(False, 64, True, 1, 128, h100, n_q=64 * 130 + 1).one_launch
-    for n in (8192, 16384):
-        assert ft.pick_backward_config(False, 64, True, 1, n, h100).dkdv_block_n == 64
-        assert ft.pick_backward_config(False, 64, True, 1, n, h100).dq_atomic
+    assert ft.pick_backward_config(False, 64, True, 8, 2112, h100).one_launch  # batch-heads count
+    assert not ft.pick_backward_config(False, 64, True, 9, 2112, h100).one_launch
+    assert ft.pick_backward_config(False, 64, True, 1, 128, h100, n_q=64 * 526).one_launch  # n_q counts too
+    # many more queries than keys: the one-pass tier still serves the grid past the one launch's
+    assert ft.pick_backward_config(False, 64, True, 1, 128, h100, n_q=64 * 526 + 1).dq_atomic
     # the split-KV forward: from three splits of 256 keys, up to half a wave (one under causal
     # masking at d=64), the keys in 8 splits at d=64
     assert ft.pick_forward_config(False, 64, 1, 128, h100, True) == fwd_table  # too few keys to split
@@ -412,7 +410,8 @@ def test_the_default_one_pass_backward_is_reproducible_under_deterministic_algor
     deterministic algorithms give the same bits (they run the two kernels)."""
     if device.type != "cuda":
         pytest.skip("the interpreter runs one program at a time: every order is the same there")
-    shape = next(((bh, n) for bh in (1, 16) for n in (4096, 16384)
+    # (B1 N32768: two waves of 128-row tiles, past the one launch's grids: the one pass's)
+    shape = next(((bh, n) for bh in (1, 16) for n in (4096, 16384, 32768)
                   if ft.default_backward_config(torch.bfloat16, 64, device, True, bh, n).dq_atomic), None)
     if shape is None:
         pytest.skip("no table entry on this GPU picks the one-pass backward")
@@ -467,12 +466,12 @@ def test_a_config_that_does_not_fit_the_gpu_is_refused_by_name_after_one_retry_w
     assert kernel.stages_tried == [3, 1]
 
 
-def test_split_forward_launches_take_the_direct_path():
+def test_split_forward_launches_take_the_direct_path(device):
     """Both launches of a split-KV forward plan (the forward and its combine) pass their
     constexprs last and in signature order, which the direct launch path needs; a kernel that
     gained a constexpr the plan does not pass would quietly fall back to Triton's own (slower)
-    launch on every call."""
-    q, k, v = (torch.randn(1, 2, 100, 32) for _ in range(3))
+    launch on every call.  (On the device under test: CPU tensors on a GPU run are refused.)"""
+    q, k, v = (torch.randn(1, 2, 100, 32, device=device, dtype=torch.float16) for _ in range(3))
     plan = ft._ForwardPlan(q, k, v, True, None, config=ft.ForwardConfig(16, 32, split_keys=32))
     assert plan.combine is not None  # the keys are split
     for launch in (plan.launch, plan.combine):

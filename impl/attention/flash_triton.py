@@ -872,24 +872,30 @@ _SMALL_GRID_BWD = {
 }
 
 
-# The one-launch backward on small grids (16-bit; per head-dim bucket: its config and the most
-# programs, dQ's and dK/dV's together, in waves of SMs).  Measured on an H200 at B1 H1 N 128-4096
-# and five wider grids, against the entries above (perf/scripts/gluon_one_launch.py --flavour
-# triton, perf/results/2026-11-29-h200-contract-corner-shuffled-sweep): d 64 with 64 x 64 tiles
-# took 19-42 % less device time than the table's entries at every grid, up to 384 programs (B4
-# H12 N256 causal: 24.0 against 29.6 us); d 128 with 64 x 32 tiles 10-38 % less up to 128
-# programs (N 4096: 190 against 212 us causal, 166 against 185 full) and 3 % less at 256.  One
-# launch and three allocations a backward instead of three and five, and deterministic (no
-# atomics).  Up to one wave of programs, where every B1 H1 point measured lies (N <= 4224); the
-# wider grids measured were short rows only.
+# The one-launch backward on small grids (16-bit; per (causal, head-dim bucket): its config and
+# the most programs, dQ's and dK/dV's together, in waves of SMs).  Measured on an H200 against the
+# entries above (perf/scripts/gluon_one_launch.py --flavour triton, device time a backward, L2
+# flushed; perf/results/2026-11-29-h200-contract-corner-shuffled-sweep):
+#   d 64, 64 x 64 tiles: 19-42 % less at B1 H1 N 128-4096 and at 128-384 programs of short rows;
+#     at 256 programs of long rows (B1 N8192) 22 % less causal, 6 % less full; at 512 programs
+#     (causal) 19 % less (B1 N16384) and 4 % less (B2 H8 N1024);
+#   d 128, 64 x 32 tiles: 10-38 % less up to 128 programs; at 256, 9 % less (B1 N8192 causal) and
+#     3 % less (B2 H8 N512 full).
+# So up to about the largest grid measured better: 4 waves causal at d 64 (528 programs on 132
+# SMs), 2 elsewhere.  One launch and three allocations a backward instead of three and five, and
+# deterministic (no atomics).  At equal lengths these bounds cover the grids of the one-pass tiers
+# at d 64 (both end at one wave of 128-row tiles causal, half a wave full); those tiers still serve
+# many more queries than keys.
 _ONE_LAUNCH_BWD = {
-    64: (BackwardConfig(64, 64, 64, 64, 4, 2, one_launch=True), 1.0),
-    128: (BackwardConfig(64, 32, 64, 32, 4, 2, one_launch=True), 1.0),
+    (True, 64): (BackwardConfig(64, 64, 64, 64, 4, 2, one_launch=True), 4.0),
+    (False, 64): (BackwardConfig(64, 64, 64, 64, 4, 2, one_launch=True), 2.0),
+    (True, 128): (BackwardConfig(64, 32, 64, 32, 4, 2, one_launch=True), 2.0),
+    (False, 128): (BackwardConfig(64, 32, 64, 32, 4, 2, one_launch=True), 2.0),
 }
 
 
-def _one_launch_entry(bucket: int, batch_heads: int, n_q: int, n_k: int, sm_count: int):
-    entry = _ONE_LAUNCH_BWD.get(bucket)
+def _one_launch_entry(is_causal: bool, bucket: int, batch_heads: int, n_q: int, n_k: int, sm_count: int):
+    entry = _ONE_LAUNCH_BWD.get((is_causal, bucket))
     if entry is None:
         return None
     cfg, max_waves = entry
@@ -969,7 +975,7 @@ def default_backward_config(dtype: torch.dtype, head_dim: int, device: torch.dev
 def pick_backward_config(fp32: bool, bucket: int, is_causal: bool, batch_heads, n_k, sm_count,
                          n_q: int | None = None) -> BackwardConfig:
     one_launch = (None if fp32 or batch_heads is None
-                  else _one_launch_entry(bucket, batch_heads, n_k if n_q is None else n_q, n_k, sm_count))
+                  else _one_launch_entry(is_causal, bucket, batch_heads, n_k if n_q is None else n_q, n_k, sm_count))
     if one_launch is not None:
         return one_launch
     tiers = () if fp32 or batch_heads is None else _SMALL_GRID_BWD.get((is_causal, bucket), ())

@@ -67,7 +67,8 @@ def use_triton(variant: str, d: int) -> None:
     else:
         n, m, qm, qn, warps, stages, *tma = TRITON_CANDIDATES[d][variant]
         cfg = BackwardConfig(n, m, qm, qn, warps, stages, one_launch=True, tma=bool(tma and tma[0]))
-        ft._ONE_LAUNCH_BWD = {64 if d <= 64 else 128: (cfg, 1e9)}
+        bucket = 64 if d <= 64 else 128
+        ft._ONE_LAUNCH_BWD = {(True, bucket): (cfg, 1e9), (False, bucket): (cfg, 1e9)}
     ft._PLANS.clear()
 
 
