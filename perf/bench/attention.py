@@ -237,17 +237,15 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
     deadline = Deadline(time_budget_s)
     result = SweepResult()
     warm_up_device(device)
-    by_case: list = []  # the cases measured so far (each case's orders are seeded by its place)
-    for case in cases:
+    for index, case in enumerate(cases):
         if deadline.expired:
             result.not_run.extend(f"{impl.name} {_case_label(case)}" for impl in impls)
             continue
         by_key: dict = {}
-        for order in round_orders([(impl, pass_) for impl in impls for pass_ in passes], rounds, seed=len(by_case)):
+        for order in round_orders([(impl, pass_) for impl in impls for pass_ in passes], rounds, seed=index):
             for impl, pass_ in order:
                 row = measure_pass(impl, case, pass_, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
                 by_key.setdefault((impl.name, pass_), []).append(row)
-        by_case.append(case)
         for impl in impls:
             label = f"{impl.name} {_case_label(case)}"
             for pass_ in passes:

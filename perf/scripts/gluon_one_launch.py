@@ -51,13 +51,14 @@ CANDIDATES = {
           "one 64x32": (64, 32, 64, 32, 4, 2), "one 32x32": (32, 32, 32, 32, 4, 1)},
 }
 
-
 TRITON_CANDIDATES = {
     64: {"one 64x64": (64, 64, 64, 64, 4, 2), "one 64x64 tma": (64, 64, 64, 64, 4, 2, True),
          "one 64x32": (64, 32, 64, 32, 4, 2)},
     128: {"one 64x32": (64, 32, 64, 32, 4, 2), "one 64x64": (64, 64, 64, 64, 4, 2),
           "one 32x32": (32, 32, 32, 32, 4, 1)},
 }
+
+
 def use_triton(variant: str, d: int) -> None:
     """Every new Triton backward plan takes this variant: 'plan' (the table without its one-launch
     entries, ``flash_triton._ONE_LAUNCH_BWD``) or a candidate's one launch at every grid of head
