@@ -134,7 +134,7 @@ def test_contract_laws_try_their_familys_longest_causal_case_first(flavour):
         except NeedsHardware:  # a long law the interpreter cannot run
             continue
         if law.needs:  # the long laws
-            assert not any(_is_the_familys_longest_case(c, budget, flavour) and c.seed == 5000 for c in ran), law.name
+            assert not any(c.seed == 5000 and not c.poisoned for c in ran), (law.name, ran[:1])  # no corner case
             continue
         assert _is_the_familys_longest_case(ran[0], budget, flavour), (law.name, ran[0])
         assert ran[0].is_causal == (flavour != "pytorch"), law.name
