@@ -381,6 +381,20 @@ def test_the_cpp_op_kernels_decline_their_passes_while_the_call_graphs_are_on(mo
     assert custom_ops._stream_for_pass(1) == 8
 
 
+@pytest.fixture
+def native_ops_restored():
+    """The ops' C++ registrations as the import left them (``custom_ops.NATIVE_OPS``), after a test
+    that registers them at another key or removes them: ``attention`` routes by that flag."""
+    from impl.attention import custom_ops
+
+    was = custom_ops.NATIVE_OPS
+    yield
+    custom_ops.disable_native_ops()
+    if was:
+        custom_ops.enable_native_ops()
+
+
+@pytest.mark.usefixtures("native_ops_restored")
 def test_the_cpp_op_kernels_serve_a_repeat_from_the_pass_python_named_and_send_the_rest_to_python():
     """The ops' C++ dispatch, at the CPU key with Python kernels that record their calls and passes
     of no launches (no driver needed).  A signature's first call goes to Python, which names a
@@ -453,6 +467,118 @@ def test_the_cpp_op_kernels_serve_a_repeat_from_the_pass_python_named_and_send_t
         ext.disable_ops()
 
 
+def _reference_kernels(calls: list):
+    """The ops' kernels as Python (at the CPU key): O, L and dQ, dK, dV of the materialised
+    softmax, naming no pass, each call recorded."""
+    from impl.attention.reference import attention_reference
+
+    def forward(q, k, v, is_causal, scale, flavour):
+        calls.append("fwd")
+        o, lse = attention_reference(q, k, v, is_causal, scale)
+        return o, lse, -1
+
+    def backward(q, k, v, o, lse, grad_o, is_causal, scale, flavour):
+        calls.append("bwd")
+        if flavour == "raise":
+            raise ValueError("attention: the Python kernel's own message")
+        # P = exp(S - L); dV = P^T dO; dS = P * (dO V^T - rowsum(dO * O)); dQ = dS K scale; dK = dS^T Q scale
+        from impl.attention.reference import attention_scores
+        p = torch.exp(attention_scores(q, k, is_causal, scale) - lse[..., None])
+        ds = p * (grad_o @ v.transpose(-1, -2) - (grad_o * o).sum(-1, keepdim=True))
+        return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ grad_o, -1
+
+    return forward, backward
+
+
+@pytest.mark.usefixtures("native_ops_restored")
+def test_flash_attention_runs_forward_and_backward_through_its_cpp_node_with_the_kernels_gradients():
+    """``flash_attention``, the eager model path's op: its autograd node is C++ (its name says so),
+    the forward calls the forward kernel once and the backward the backward kernel once, and the
+    gradients are those the kernels give (here the materialised softmax's, at the CPU key, float64)
+    for each input, one tensor passed as q, k and v included.  The saved tensors are freed after a
+    backward; below autograd (inference mode) it gives O alone; a double backward is refused by
+    name, as is a kernel's error raised as it was."""
+    from impl.attention import custom_ops
+    from impl.attention.reference import attention_reference
+
+    ext = _built_extension()
+    calls = []
+    ext.enable_ops(*_reference_kernels(calls), lambda device: None, on_cpu=True)
+    try:
+        g = torch.Generator().manual_seed(0)
+        for causal, n_q, n_k in [(True, 9, 9), (False, 5, 11)]:
+            q, k, v = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64).requires_grad_()
+                       for n in (n_q, n_k, n_k))
+            grad_o = torch.randn(2, 3, n_q, 4, generator=g, dtype=torch.float64)
+            del calls[:]
+            o = custom_ops.flash_attention(q, k, v, causal, 0.375, "gluon")
+            assert "FlashAttentionNode" in o.grad_fn.name(), f"the node is {o.grad_fn.name()}, not the C++ one"
+            o.backward(grad_o)
+            assert calls == ["fwd", "bwd"]
+            got = [t.grad for t in (q, k, v)]
+            want_o, _ = attention_reference(*(t.detach().requires_grad_() for t in (q, k, v)), causal, 0.375)
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            want = torch.autograd.grad(attention_reference(*leaves, causal, 0.375)[0], leaves, grad_o)
+            torch.testing.assert_close(o, want_o.detach(), rtol=0, atol=1e-12)
+            for name, a, b in zip(("dQ", "dK", "dV"), got, want):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=f"causal={causal}: {name}")
+            with pytest.raises(RuntimeError, match="second time|freed"):  # saved tensors released
+                o.backward(grad_o)
+
+        x = torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+        grad_x = torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64)
+        custom_ops.flash_attention(x, x, x, True, 0.5, "gluon").backward(grad_x)
+        leaf = x.detach().requires_grad_()
+        attention_reference(leaf, leaf, leaf, True, 0.5)[0].backward(grad_x)
+        torch.testing.assert_close(x.grad, leaf.grad, rtol=0, atol=1e-12)
+
+        plain = x.detach()
+        assert custom_ops.flash_attention(plain, plain, plain, True, 0.5, "gluon").grad_fn is None
+        with torch.inference_mode():
+            inferred = custom_ops.flash_attention(plain, plain, plain, True, 0.5, "gluon")
+        torch.testing.assert_close(inferred, attention_reference(plain, plain, plain, True, 0.5)[0], rtol=0,
+                                   atol=1e-12)
+
+        o = custom_ops.flash_attention(x, x, x, False, 0.5, "gluon")
+        with pytest.raises(RuntimeError, match="double backward"):
+            torch.autograd.grad(custom_ops.flash_attention(x, x, x, False, 0.5, "gluon"), x, torch.ones_like(o),
+                                create_graph=True)
+        with pytest.raises(ValueError, match="the Python kernel's own message"):
+            custom_ops.flash_attention(x, x, x, False, 0.5, "raise").sum().backward()
+    finally:
+        ext.disable_ops()
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("llm_systems::flash_attention", "Autograd"), \
+        "disable_ops left flash_attention's node registered"
+
+
+@pytest.mark.usefixtures("native_ops_restored")
+def test_attention_takes_the_cpp_node_for_gluon_only_while_the_native_ops_are_on(monkeypatch):
+    """``attention`` in eager mode: the Gluon flavour through ``flash_attention`` (the C++ node) while
+    ``NATIVE_OPS`` says the C++ kernels are registered, with the default scale 1/sqrt(d) filled
+    in; the flavour's autograd.Function otherwise, and always for the Triton flavour."""
+    from impl.attention import custom_ops
+
+    ext = _built_extension()
+    calls, seen = [], []
+    forward, backward = _reference_kernels(calls)
+    ext.enable_ops(lambda *a: (seen.append(a[3:]), forward(*a))[1], backward, lambda device: None, on_cpu=True)
+    try:
+        q = torch.randn(1, 2, 5, 16, dtype=torch.float64, requires_grad=True)
+        monkeypatch.setattr(custom_ops, "NATIVE_OPS", True)
+        assert "FlashAttentionNode" in custom_ops.attention(q, q, q, True, "gluon").grad_fn.name()
+        assert seen == [(True, 0.25, "gluon")]
+        sentinel = object()
+        monkeypatch.setattr(custom_ops, "_kernels", lambda flavour: types.SimpleNamespace(
+            FlashAttentionTriton=types.SimpleNamespace(apply=lambda *a: sentinel),
+            FlashAttentionGluon=types.SimpleNamespace(apply=lambda *a: sentinel)))
+        assert custom_ops.attention(q, q, q, True, "triton") is sentinel
+        monkeypatch.setattr(custom_ops, "NATIVE_OPS", False)
+        assert custom_ops.attention(q, q, q, True, "gluon") is sentinel
+    finally:
+        ext.disable_ops()
+
+
+@pytest.mark.usefixtures("native_ops_restored")
 def test_a_bound_key_runs_its_pass_for_any_call_with_that_key_and_no_other():
     """``bind`` / ``run_bound``, the Gluon Function's C++ look-up (a pass of no launches: no driver
     needed).  A key bound by one call finds its pass for the same signature at other aligned
@@ -498,6 +624,7 @@ def test_a_bound_key_runs_its_pass_for_any_call_with_that_key_and_no_other():
 # --------------------------------------------------------------------------- on a Hopper GPU
 
 
+@pytest.mark.usefixtures("native_ops_restored")
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_the_cpp_ops_serve_a_repeated_signature_from_its_pass_as_the_python_kernels_do(monkeypatch, gluon_on_hopper,
                                                                                             deterministic):
@@ -602,5 +729,56 @@ def test_the_gluon_functions_repeats_run_their_bound_pass_with_the_plans_results
                     else:
                         assert torch.equal(a, b), f"{where}: {name} differs"
     finally:
+        torch.use_deterministic_algorithms(previous)
+        fg._PLANS.clear()
+
+
+@pytest.mark.usefixtures("native_ops_restored")
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_the_eager_model_paths_cpp_node_gives_the_plans_results_and_runs_repeats_without_python(
+        monkeypatch, gluon_on_hopper, deterministic):
+    """``custom_ops.attention`` for the Gluon flavour with the C++ kernels on: its output's node is the
+    C++ one, its first forward and backward go to Python and bind their passes, each repeat runs
+    both passes from C++ (the ops' C++ count rises by two a call, Python's by none), and O and the
+    gradients are the plans' (the same bits; dQ in the non-deterministic mode within the reordering
+    of its float32 sums), a dO of another layout included."""
+    from impl.attention import call_graphs, custom_ops
+
+    fg = gluon_on_hopper
+    ext = _built_extension()
+    monkeypatch.setenv("LLM_SYSTEMS_NATIVE_LAUNCH", "1")
+    monkeypatch.setattr(call_graphs, "ENABLED", False)
+    fg._PLANS.clear()
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    assert custom_ops.enable_native_ops() and custom_ops.NATIVE_OPS
+    try:
+        g = torch.Generator(device="cuda").manual_seed(2)
+        for B, H, N, d, causal, do_layout in [(4, 12, 256, 64, True, "bhnd"), (1, 4, 300, 128, False, "bhnd"),
+                                              (2, 2, 1000, 64, True, "bnhd")]:
+            q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            do = torch.randn(B, N, H, d, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2) \
+                if do_layout == "bnhd" else torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            want_o, want_lse = fg.flash_forward(q, k, v, causal)
+            want = fg.flash_backward(q, k, v, want_o, want_lse, do, causal)
+            for call in range(3):
+                before = ext.op_counts()
+                leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+                o = custom_ops.attention(*leaves, causal, "gluon")
+                o.backward(do)
+                where = f"B{B} H{H} N{N} d{d} causal={causal} dO {do_layout}, call {call + 1}"
+                assert "FlashAttentionNode" in o.grad_fn.name(), f"{where}: the node is {o.grad_fn.name()}"
+                from_cpp, from_python, _ = (after - first for after, first in zip(ext.op_counts(), before))
+                assert (from_cpp, from_python) == ((0, 2) if call == 0 else (2, 0)), \
+                    f"{where}: {from_cpp} passes from C++, {from_python} calls through Python"
+                assert torch.equal(o, want_o), f"{where}: O differs"
+                for name, a, leaf in zip(("dQ", "dK", "dV"), want, leaves):
+                    b = leaf.grad
+                    if name == "dQ" and not deterministic:
+                        torch.testing.assert_close(b.float(), a.float(), rtol=2 * 2.0**-8, atol=1e-6, msg=where)
+                    else:
+                        assert torch.equal(a, b), f"{where}: {name} differs"
+    finally:
+        custom_ops.disable_native_ops()
         torch.use_deterministic_algorithms(previous)
         fg._PLANS.clear()

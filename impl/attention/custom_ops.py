@@ -50,6 +50,9 @@ _LIB = torch.library.Library(NAMESPACE, "DEF")
 _LIB.define("flash_forward(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, str flavour) -> (Tensor, Tensor)")
 _LIB.define("flash_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor grad_o, bool is_causal, "
             "float scale, str flavour) -> (Tensor, Tensor, Tensor)")
+# The eager model path's op: its kernels (an autograd node and a forward-only one) are C++ and registered with
+# the ops' C++ kernels (``enable_native_ops``); until then it has none, and ``attention`` does not call it.
+_LIB.define("flash_attention(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, str flavour) -> Tensor")
 
 
 def _forward(q, k, v, is_causal, scale, flavour):
@@ -92,10 +95,12 @@ def enable_native_ops() -> bool:
     """With the C++ launcher on and the call graphs off (both the defaults): the ops' CUDA
     kernels in C++.  A call whose Gluon plan has a C++ pass then runs it with no Python but
     its stream check (``_stream_for_pass``); any other call runs the Python kernel above,
-    through C++.  False (the Python kernels serve CUDA) where the launcher is off or could not
-    be built, the graphs are on (no plan has a pass then, and the C++ kernel would only add its
-    own call into Python), or there is no CUDA device (nothing to build the extension for at
-    import)."""
+    through C++.  ``flash_attention`` gets its C++ autograd node, and ``attention`` takes it for
+    the Gluon flavour in eager mode.  False (the Python kernels serve CUDA, ``attention`` calls
+    the flavour's autograd.Function) where the launcher is off or could not be built, the graphs
+    are on (no plan has a pass then, and the C++ kernel would only add its own call into
+    Python), or there is no CUDA device (nothing to build the extension for at import)."""
+    global NATIVE_OPS
     # with graphs on no plan has a pass (every call would go to Python); without CUDA nothing to serve
     if call_graphs.ENABLED or not torch.cuda.is_available():
         return False
@@ -103,11 +108,15 @@ def enable_native_ops() -> bool:
     if ext is None:
         return False
     ext.enable_ops(_forward_native, _backward_native, _stream_for_pass)
+    NATIVE_OPS = True
     return True
 
 
 def disable_native_ops() -> None:
-    """The Python kernels serve CUDA again (the C++ kernels removed from the dispatcher)."""
+    """The Python kernels serve CUDA again (the C++ kernels removed from the dispatcher), and
+    ``attention`` calls the flavour's autograd.Function."""
+    global NATIVE_OPS
+    NATIVE_OPS = False
     if native_launch.built() is not None:
         native_launch.built().disable_ops()
 
@@ -122,9 +131,16 @@ def _(q, k, v, o, lse, grad_o, is_causal, scale, flavour):
     return _dense_like(q), _dense_like(k), _dense_like(v)
 
 
+@torch.library.register_fake(f"{NAMESPACE}::flash_attention")
+def _(q, k, v, is_causal, scale, flavour):
+    return _dense_like(q)
+
+
 flash_forward = torch.ops.llm_systems.flash_forward.default
 flash_backward = torch.ops.llm_systems.flash_backward.default
-NATIVE_OPS = enable_native_ops()
+flash_attention = torch.ops.llm_systems.flash_attention.default
+NATIVE_OPS = False  # whether the C++ kernels (flash_attention's node among them) are registered
+enable_native_ops()
 
 
 class _FlashAttentionOps(torch.autograd.Function):
@@ -150,14 +166,18 @@ class _FlashAttentionOps(torch.autograd.Function):
 
 
 def attention(q, k, v, is_causal: bool, flavour: str, scale: float | None = None):
-    """O of attention(q, k, v): through the custom op under torch.compile, else the flavour's
-    autograd.Function (no dispatcher in the way of a short eager call)."""
+    """O of attention(q, k, v): through the custom ops under torch.compile; in eager mode the Gluon
+    flavour through ``flash_attention`` where its C++ node is registered (``NATIVE_OPS``: no
+    Python frame in either direction of a repeated call), else the flavour's autograd.Function."""
     if torch.compiler.is_compiling():
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
         # Dynamo traces no autograd.Function given one tensor twice: a view makes each input its own
         k = k.view_as(k) if k is q else k
         v = v.view_as(v) if v is q or v is k else v
         return _FlashAttentionOps.apply(q, k, v, bool(is_causal), scale, flavour)[0]
+    if NATIVE_OPS and flavour == "gluon" and isinstance(q, torch.Tensor):
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        return flash_attention(q, k, v, bool(is_causal), scale, flavour)
     module = _kernels(flavour)
     fn = module.FlashAttentionTriton if flavour == "triton" else module.FlashAttentionGluon
     return fn.apply(q, k, v, is_causal, scale)

@@ -14,6 +14,8 @@ Implementations (``--impls``)
     triton           this target's FlashAttention-2 in Triton (default target: impl)
     gluon            this target's Hopper FlashAttention in Gluon (warp-specialised; Hopper GPUs only)
     pytorch          this target's FlashAttention-2 in PyTorch tiles
+    gluon_model      impl's Gluon kernels through the model's call (``custom_ops.attention``: its
+                     autograd node in C++ where the C++ launcher is built, else the Function)
     eager            S = Q K^T / sqrt(d), causal mask, softmax, P V; autograd backward
     sdpa             torch SDPA, backend of PyTorch's choosing
     sdpa_flash, sdpa_cudnn, sdpa_efficient, sdpa_math
@@ -64,7 +66,7 @@ from perf.lib.workloads import (PASSES, SDPA_BACKENDS, attention_flops, eager_at
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SDPA_IMPLS = tuple(f"sdpa_{backend}" for backend in SDPA_BACKENDS)  # sdpa_flash, sdpa_cudnn, ...
-IMPL_NAMES = ("triton", "gluon", "pytorch", "eager", "sdpa", *SDPA_IMPLS, "compiled_eager")
+IMPL_NAMES = ("triton", "gluon", "pytorch", "gluon_model", "eager", "sdpa", *SDPA_IMPLS, "compiled_eager")
 
 # CS336's grid on a GPU; a tiny one on the CPU (Triton runs under its interpreter there).
 CUDA_DEFAULTS = dict(seq=[2**i for i in range(7, 17)], dims=[16, 32, 64, 128], dtypes=["bf16", "fp32"],
@@ -106,6 +108,10 @@ def _target_attention(flavour: str, target_spec: str | None):
 def make_impl(name: str, target_spec: str | None = None) -> AttentionImpl:
     if name in ("triton", "gluon", "pytorch"):
         return AttentionImpl(name, _target_attention(name, target_spec))
+    if name == "gluon_model":
+        from impl.attention.custom_ops import attention
+
+        return AttentionImpl(name, lambda q, k, v, causal=True: attention(q, k, v, causal, "gluon"))
     if name == "eager":
         return AttentionImpl(name, eager_attention)
     if name == "compiled_eager":

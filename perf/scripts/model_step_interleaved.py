@@ -6,9 +6,12 @@ rounds see the same drift for every backend, so their ratio holds.
     PYTHONPATH=. python perf/scripts/model_step_interleaved.py [--attention sdpa gluon] [--context 256 1024]
         [--compile on] [--rounds 12] [--steps 5] [--warmup 5] [--out DIR] [--device auto|cuda|cpu]
 
+A backend named ``gluon:function`` is the Gluon backend with ``custom_ops.NATIVE_OPS`` off during
+its steps: eager calls go through the flavour's autograd.Function, not the C++ node.
+
 One model per backend, the same weights (a copy), each with its own AdamW and batch, each
 compiled on its own (no ``torch._dynamo.reset`` between them, unlike ``perf.bench.model``).
-A round runs ``--steps`` timed steps of each backend, the order rotated round to round; each
+A round runs ``--steps`` timed steps of each backend, in an order of its own (``round_order``); each
 step sits between device synchronisations.  The numbers mean something on a GPU; ``--device
 cpu`` (a tiny model, say) only shows the script works.  Reported: each backend's median step and
 the median over rounds of its round median over the first backend's, with the call graphs'
@@ -19,8 +22,10 @@ collector took during them (``GcClock``: milliseconds and collections a step).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
+import itertools
 import json
 import statistics
 import time
@@ -54,28 +59,56 @@ class GcClock:
             self.started = None
 
 
+FUNCTION_SUFFIX = ":function"  # the backend with custom_ops.attention's C++ node off
+
+
+@contextlib.contextmanager
+def attention_route(name: str):
+    """``name``'s route: for ``<backend>:function``, eager calls through the autograd.Function."""
+    if not name.endswith(FUNCTION_SUFFIX):
+        yield
+        return
+    from impl.attention import custom_ops
+
+    was, custom_ops.NATIVE_OPS = custom_ops.NATIVE_OPS, False
+    try:
+        yield
+    finally:
+        custom_ops.NATIVE_OPS = was
+
+
+def round_order(names: list[str], r: int) -> list[str]:
+    """Round ``r``'s order: the orderings of ``names`` in turn (two backends alternate).  A rotation
+    of three or more keeps each backend behind the same one in every round, and a step right after
+    another backend's reads slower on these hosts whatever it runs (ATTENTION_NOTES, nineteenth pass)."""
+    orders = list(itertools.permutations(names))
+    return list(orders[r % len(orders)])
+
+
 def run_context(opts, context: int, device: torch.device) -> list[dict]:
     base = gpt.make_gpt(opts.size, device=device, context_length=max(context, gpt.SIZES[opts.size].context_length))
     steps, counts, times = {}, {}, {}
     for name in opts.attention:
         model = copy.deepcopy(base)
-        bench.set_attention(model, name)
+        bench.set_attention(model, name.removesuffix(FUNCTION_SUFFIX))
         optimizer = bench.make_optimizer(model)
         forward_model = torch.compile(model, dynamic=False) if opts.compile == "on" else model
         # make_step's compiled=True resets Dynamo; here each backend keeps its own compiled graph
         steps[name] = bench.make_step(forward_model, "step", opts.precision, opts.batch, context, optimizer)
-        time_calls(steps[name], device, warmup=opts.warmup, steps=1)
+        with attention_route(name):
+            time_calls(steps[name], device, warmup=opts.warmup, steps=1)
         counts[name] = dict.fromkeys(("direct", "recorded", "replayed", "declined"), 0)
         times[name] = []
     rounds, clock = [], GcClock()
     gc.callbacks.append(clock)
     for r in range(opts.rounds):
-        order = opts.attention[r % len(opts.attention):] + opts.attention[:r % len(opts.attention)]
+        order = round_order(opts.attention, r)
         medians = {}
         for name in order:
             before = call_graphs.stats()
             clock.current = name
-            these = time_calls(steps[name], device, warmup=0, steps=opts.steps)
+            with attention_route(name):
+                these = time_calls(steps[name], device, warmup=0, steps=opts.steps)
             clock.current = None
             after = call_graphs.stats()
             for k in counts[name]:
@@ -101,7 +134,8 @@ def run_context(opts, context: int, device: torch.device) -> list[dict]:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="small")
-    p.add_argument("--attention", nargs="+", default=["sdpa", "gluon"], choices=bench.ATTENTIONS)
+    p.add_argument("--attention", nargs="+", default=["sdpa", "gluon"],
+                   choices=[*bench.ATTENTIONS, *(a + FUNCTION_SUFFIX for a in ("triton", "gluon"))])
     p.add_argument("--context", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--precision", default="bf16", choices=bench.PRECISIONS)

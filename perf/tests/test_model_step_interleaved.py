@@ -46,3 +46,29 @@ def test_the_script_reports_each_backends_gc_time_on_the_cpu(script, tmp_path):
         assert r["gc_ms_per_step"] >= 0 and len(r["gc_collections_per_step"]) == 3
     table = (tmp_path / "model_interleaved.md").read_text()
     assert "Python gc ms a step" in table and "| 16 | pytorch |" in table
+
+
+def test_each_backend_follows_each_other_backend_in_some_round(script):
+    """Three backends: a rotation keeps each behind the same one; the rounds' orders put every
+    backend right after every other within six rounds, and two backends alternate."""
+    names = ["sdpa", "gluon", "gluon:function"]
+    follows = {(order[i - 1], order[i]) for r in range(6) for order in [script.round_order(names, r)]
+               for i in range(1, 3)}
+    assert follows == {(a, b) for a in names for b in names if a != b}
+    assert [script.round_order(["sdpa", "gluon"], r) for r in range(3)] == [["sdpa", "gluon"], ["gluon", "sdpa"],
+                                                                             ["sdpa", "gluon"]]
+
+
+def test_a_function_backend_runs_with_the_cpp_node_off_and_restores_it(script):
+    from impl.attention import custom_ops
+
+    was = custom_ops.NATIVE_OPS
+    custom_ops.NATIVE_OPS = True
+    try:
+        with script.attention_route("gluon:function"):
+            assert custom_ops.NATIVE_OPS is False
+        assert custom_ops.NATIVE_OPS is True
+        with script.attention_route("gluon"):
+            assert custom_ops.NATIVE_OPS is True
+    finally:
+        custom_ops.NATIVE_OPS = was

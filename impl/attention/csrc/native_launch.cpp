@@ -7,7 +7,8 @@
 //   register_pass(n_inputs, launch ids, bindings, outputs' sizes, strides, dtypes, scratch sizes, dtypes) -> id
 //   run_pass(id, stream, inputs) -> outputs: a call's allocations and launches in one call
 //   describe_pass(id, inputs) -> (outputs, what each launch would pass)
-//   enable_ops(forward, backward, stream_of), disable_ops(): the custom ops' CUDA kernels in C++ (below)
+//   enable_ops(forward, backward, stream_of), disable_ops(): the custom ops' CUDA kernels in C++ (below), and
+//   flash_attention's autograd node (the eager model path: no Python frame in either direction of a bound call)
 //   bind(kind, tensors, is_causal, scale, pass), run_bound(kind, stream, tensors, is_causal, scale) -> outputs
 //   or None: a call's key bound to a pass, and the bound pass run from Python in one call (the Gluon
 //   autograd.Function's repeated calls); bound_pass (the look-up alone), bound_counts, clear_bound
@@ -475,10 +476,79 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_backward(const at::Tensor& q, 
   return {out[0], out[1], out[2]};
 }
 
+// --- flash_attention: the eager model path's op, with its autograd node in C++ -------------------------
+//
+// llm_systems::flash_attention(q, k, v, is_causal, scale, flavour) -> O gets its Autograd kernel here: the
+// node saves q, k, v, O and L, and its backward calls flash_backward, so that neither direction of an eager
+// call runs a Python frame where a pass is bound (the autograd engine's device thread runs this node as it
+// runs aten's).  The forward and backward go below autograd to the ops' kernels above.  The course's
+// contract (an autograd.Function whose saved tensors hold L) stays with the Python Functions.
+
+using ForwardSchema = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
+                                                         double, c10::string_view);
+using BackwardSchema = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                      const at::Tensor&, const at::Tensor&,
+                                                                      const at::Tensor&, const at::Tensor&, bool,
+                                                                      double, c10::string_view);
+
+const c10::TypedOperatorHandle<ForwardSchema>& forward_op() {
+  static const auto handle =
+      c10::Dispatcher::singleton().findSchemaOrThrow("llm_systems::flash_forward", "").typed<ForwardSchema>();
+  return handle;
+}
+
+const c10::TypedOperatorHandle<BackwardSchema>& backward_op() {
+  static const auto handle =
+      c10::Dispatcher::singleton().findSchemaOrThrow("llm_systems::flash_backward", "").typed<BackwardSchema>();
+  return handle;
+}
+
+struct FlashAttentionNode : public torch::autograd::Function<FlashAttentionNode> {
+  // O; saved: q, k, v, O, L (float32 natural-log logsumexp), and the scalars
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, bool is_causal, double scale, c10::string_view flavour) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [o, lse] = forward_op().call(q, k, v, is_causal, scale, flavour);
+    ctx->save_for_backward({q, k, v, o, lse});
+    ctx->saved_data["is_causal"] = is_causal;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["flavour"] = std::string(flavour.data(), flavour.size());
+    return o;
+  }
+
+  // dQ, dK, dV = flash_backward(q, k, v, O, L, dO)
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    // the kernels' gradients carry no graph of their own: a second derivative would be silently zero
+    require(!torch::autograd::GradMode::is_enabled(),
+            "llm_systems::flash_attention: double backward (create_graph=True) is not supported; "
+            "its gradients come from kernels with no derivative of their own");
+    const auto saved = ctx->get_saved_variables();
+    const std::string flavour = ctx->saved_data["flavour"].toStringRef();
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [dq, dk, dv] = backward_op().call(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0],
+                                           ctx->saved_data["is_causal"].toBool(), ctx->saved_data["scale"].toDouble(),
+                                           flavour);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor flash_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
+                                    double scale, c10::string_view flavour) {
+  return FlashAttentionNode::apply(q, k, v, is_causal, scale, flavour);
+}
+
+// Below autograd (inference mode, or tensors with no autograd keys): O alone.
+at::Tensor flash_attention_forward_only(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
+                                        double scale, c10::string_view flavour) {
+  return std::get<0>(forward_op().call(q, k, v, is_causal, scale, flavour));
+}
+
 }  // namespace
 
 torch::Library* op_library = nullptr;  // the kernels' registration: deleting it removes them
 bool op_library_on_cpu = false;
+torch::Library* autograd_library = nullptr;  // flash_attention's node and its forward-only kernel
 
 // Registers the ops' kernels at the CUDA key (``on_cpu``: the CPU key, for checking this dispatch on a
 // machine without a GPU).  A later call replaces the Python callables and unbinds every key.
@@ -499,12 +569,21 @@ void enable_ops(py::object forward, py::object backward, py::object stream_of, b
     op_library->impl("flash_backward", TORCH_FN(op_backward));
     op_library_on_cpu = on_cpu;
   }
+  if (autograd_library == nullptr) {  // no backend key: the node serves every device the ops' kernels serve
+    autograd_library = new torch::Library(torch::Library::IMPL, "llm_systems", std::nullopt, __FILE__, __LINE__);
+    autograd_library->impl("flash_attention", torch::dispatch(c10::DispatchKey::Autograd,
+                                                              TORCH_FN(flash_attention_autograd)));
+    autograd_library->impl("flash_attention", torch::dispatch(c10::DispatchKey::CompositeExplicitAutograd,
+                                                              TORCH_FN(flash_attention_forward_only)));
+  }
 }
 
 // Removes the kernels (the Python ones serve again) and unbinds every key.
 void disable_ops() {
   delete op_library;
   op_library = nullptr;
+  delete autograd_library;
+  autograd_library = nullptr;
   bound.clear();
 }
 
