@@ -490,6 +490,62 @@ def _reference_kernels(calls: list):
     return forward, backward
 
 
+def _check_flash_attention_node(calls: list) -> None:
+    """What ``flash_attention``'s node must do (at the CPU key, over ``_reference_kernels``):
+    raises AssertionError naming the first thing it does not."""
+    from impl.attention import custom_ops
+    from impl.attention.reference import attention_reference
+
+    g = torch.Generator().manual_seed(0)
+    for causal, n_q, n_k in [(True, 9, 9), (False, 5, 11)]:
+        q, k, v = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64).requires_grad_() for n in (n_q, n_k, n_k))
+        grad_o = torch.randn(2, 3, n_q, 4, generator=g, dtype=torch.float64)
+        del calls[:]
+        o = custom_ops.flash_attention(q, k, v, causal, 0.375, "gluon")
+        assert "FlashAttentionNode" in o.grad_fn.name(), f"the node is {o.grad_fn.name()}, not the C++ one"
+        o.backward(grad_o)
+        assert calls == ["fwd", "bwd"], f"kernels called: {calls}, not one forward and one backward"
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        want_o = attention_reference(*leaves, causal, 0.375)[0]
+        want = torch.autograd.grad(want_o, leaves, grad_o)
+        torch.testing.assert_close(o, want_o.detach(), rtol=0, atol=1e-12)
+        for name, t, b in zip(("dQ", "dK", "dV"), (q, k, v), want):
+            torch.testing.assert_close(t.grad, b, rtol=0, atol=1e-12, msg=f"causal={causal}: {name}")
+        try:
+            o.backward(grad_o)
+        except RuntimeError as exc:  # the saved tensors were released by the first backward
+            assert "second time" in str(exc) or "freed" in str(exc), str(exc)
+        else:
+            raise AssertionError("a second backward ran: the saved tensors were kept")
+
+    x = torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    grad_x = torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64)
+    custom_ops.flash_attention(x, x, x, True, 0.5, "gluon").backward(grad_x)
+    leaf = x.detach().requires_grad_()
+    attention_reference(leaf, leaf, leaf, True, 0.5)[0].backward(grad_x)
+    torch.testing.assert_close(x.grad, leaf.grad, rtol=0, atol=1e-12, msg="one tensor as q, k and v")
+
+    plain = x.detach()
+    assert custom_ops.flash_attention(plain, plain, plain, True, 0.5, "gluon").grad_fn is None
+    with torch.inference_mode():
+        inferred = custom_ops.flash_attention(plain, plain, plain, True, 0.5, "gluon")
+    torch.testing.assert_close(inferred, attention_reference(plain, plain, plain, True, 0.5)[0], rtol=0, atol=1e-12)
+
+    o = custom_ops.flash_attention(x, x, x, False, 0.5, "gluon")
+    try:
+        torch.autograd.grad(o, x, torch.ones_like(o), create_graph=True)
+    except RuntimeError as exc:
+        assert "double backward" in str(exc), str(exc)
+    else:
+        raise AssertionError("a double backward (create_graph=True) went through: its second derivative is zero")
+    try:
+        custom_ops.flash_attention(x, x, x, False, 0.5, "raise").sum().backward()
+    except ValueError as exc:
+        assert "the Python kernel's own message" in str(exc), str(exc)
+    else:
+        raise AssertionError("the backward kernel's error did not reach the caller")
+
+
 @pytest.mark.usefixtures("native_ops_restored")
 def test_flash_attention_runs_forward_and_backward_through_its_cpp_node_with_the_kernels_gradients():
     """``flash_attention``, the eager model path's op: its autograd node is C++ (its name says so),
@@ -497,58 +553,35 @@ def test_flash_attention_runs_forward_and_backward_through_its_cpp_node_with_the
     gradients are those the kernels give (here the materialised softmax's, at the CPU key, float64)
     for each input, one tensor passed as q, k and v included.  The saved tensors are freed after a
     backward; below autograd (inference mode) it gives O alone; a double backward is refused by
-    name, as is a kernel's error raised as it was."""
-    from impl.attention import custom_ops
-    from impl.attention.reference import attention_reference
-
+    name, and a kernel's error is raised as it was."""
     ext = _built_extension()
     calls = []
     ext.enable_ops(*_reference_kernels(calls), lambda device: None, on_cpu=True)
     try:
-        g = torch.Generator().manual_seed(0)
-        for causal, n_q, n_k in [(True, 9, 9), (False, 5, 11)]:
-            q, k, v = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64).requires_grad_()
-                       for n in (n_q, n_k, n_k))
-            grad_o = torch.randn(2, 3, n_q, 4, generator=g, dtype=torch.float64)
-            del calls[:]
-            o = custom_ops.flash_attention(q, k, v, causal, 0.375, "gluon")
-            assert "FlashAttentionNode" in o.grad_fn.name(), f"the node is {o.grad_fn.name()}, not the C++ one"
-            o.backward(grad_o)
-            assert calls == ["fwd", "bwd"]
-            got = [t.grad for t in (q, k, v)]
-            want_o, _ = attention_reference(*(t.detach().requires_grad_() for t in (q, k, v)), causal, 0.375)
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            want = torch.autograd.grad(attention_reference(*leaves, causal, 0.375)[0], leaves, grad_o)
-            torch.testing.assert_close(o, want_o.detach(), rtol=0, atol=1e-12)
-            for name, a, b in zip(("dQ", "dK", "dV"), got, want):
-                torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=f"causal={causal}: {name}")
-            with pytest.raises(RuntimeError, match="second time|freed"):  # saved tensors released
-                o.backward(grad_o)
-
-        x = torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
-        grad_x = torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64)
-        custom_ops.flash_attention(x, x, x, True, 0.5, "gluon").backward(grad_x)
-        leaf = x.detach().requires_grad_()
-        attention_reference(leaf, leaf, leaf, True, 0.5)[0].backward(grad_x)
-        torch.testing.assert_close(x.grad, leaf.grad, rtol=0, atol=1e-12)
-
-        plain = x.detach()
-        assert custom_ops.flash_attention(plain, plain, plain, True, 0.5, "gluon").grad_fn is None
-        with torch.inference_mode():
-            inferred = custom_ops.flash_attention(plain, plain, plain, True, 0.5, "gluon")
-        torch.testing.assert_close(inferred, attention_reference(plain, plain, plain, True, 0.5)[0], rtol=0,
-                                   atol=1e-12)
-
-        o = custom_ops.flash_attention(x, x, x, False, 0.5, "gluon")
-        with pytest.raises(RuntimeError, match="double backward"):
-            torch.autograd.grad(custom_ops.flash_attention(x, x, x, False, 0.5, "gluon"), x, torch.ones_like(o),
-                                create_graph=True)
-        with pytest.raises(ValueError, match="the Python kernel's own message"):
-            custom_ops.flash_attention(x, x, x, False, 0.5, "raise").sum().backward()
+        _check_flash_attention_node(calls)
     finally:
         ext.disable_ops()
     assert not torch._C._dispatch_has_kernel_for_dispatch_key("llm_systems::flash_attention", "Autograd"), \
         "disable_ops left flash_attention's node registered"
+
+
+@pytest.mark.usefixtures("native_ops_restored")
+@pytest.mark.parametrize("mutant, caught", [(1, "causal=True: dK"), (2, "double backward")])
+def test_the_nodes_kept_mutants_are_rejected(mutant, caught):
+    """The node's kept mutants (``set_node_mutant``: 1 dK and dV swapped, 2 a double backward let
+    through) each fail the node's check, by the named check."""
+    ext = _built_extension()
+    calls = []
+    ext.enable_ops(*_reference_kernels(calls), lambda device: None, on_cpu=True)
+    ext.set_node_mutant(mutant)
+    try:
+        with pytest.raises(AssertionError, match=caught):
+            _check_flash_attention_node(calls)
+    finally:
+        ext.set_node_mutant(0)
+        ext.disable_ops()
+    with pytest.raises(RuntimeError, match="no node mutant"):
+        ext.set_node_mutant(3)
 
 
 @pytest.mark.usefixtures("native_ops_restored")

@@ -8,7 +8,8 @@
 //   run_pass(id, stream, inputs) -> outputs: a call's allocations and launches in one call
 //   describe_pass(id, inputs) -> (outputs, what each launch would pass)
 //   enable_ops(forward, backward, stream_of), disable_ops(): the custom ops' CUDA kernels in C++ (below), and
-//   flash_attention's autograd node (the eager model path: no Python frame in either direction of a bound call)
+//   flash_attention's autograd node (the eager model path: no Python frame in either direction of a bound call);
+//   set_node_mutant(m): one of the node's kept mutants (0: none)
 //   bind(kind, tensors, is_causal, scale, pass), run_bound(kind, stream, tensors, is_causal, scale) -> outputs
 //   or None: a call's key bound to a pass, and the bound pass run from Python in one call (the Gluon
 //   autograd.Function's repeated calls); bound_pass (the look-up alone), bound_counts, clear_bound
@@ -503,6 +504,12 @@ const c10::TypedOperatorHandle<BackwardSchema>& backward_op() {
   return handle;
 }
 
+// A kept mutant of the node (set_node_mutant; 0 the node as written): 1 returns dV for K and dK for V,
+// 2 lets a double backward through (its second derivative silently zero).  The suite's checks of the node
+// must reject each.
+enum NodeMutant : int64_t { NODE_AS_WRITTEN = 0, NODE_DK_DV_SWAPPED = 1, NODE_DOUBLE_BACKWARD_LET_THROUGH = 2 };
+int64_t node_mutant = NODE_AS_WRITTEN;
+
 struct FlashAttentionNode : public torch::autograd::Function<FlashAttentionNode> {
   // O; saved: q, k, v, O, L (float32 natural-log logsumexp), and the scalars
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
@@ -520,7 +527,7 @@ struct FlashAttentionNode : public torch::autograd::Function<FlashAttentionNode>
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     // the kernels' gradients carry no graph of their own: a second derivative would be silently zero
-    require(!torch::autograd::GradMode::is_enabled(),
+    require(node_mutant == NODE_DOUBLE_BACKWARD_LET_THROUGH || !torch::autograd::GradMode::is_enabled(),
             "llm_systems::flash_attention: double backward (create_graph=True) is not supported; "
             "its gradients come from kernels with no derivative of their own");
     const auto saved = ctx->get_saved_variables();
@@ -529,6 +536,7 @@ struct FlashAttentionNode : public torch::autograd::Function<FlashAttentionNode>
     auto [dq, dk, dv] = backward_op().call(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0],
                                            ctx->saved_data["is_causal"].toBool(), ctx->saved_data["scale"].toDouble(),
                                            flavour);
+    if (node_mutant == NODE_DK_DV_SWAPPED) std::swap(dk, dv);
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -576,6 +584,13 @@ void enable_ops(py::object forward, py::object backward, py::object stream_of, b
     autograd_library->impl("flash_attention", torch::dispatch(c10::DispatchKey::CompositeExplicitAutograd,
                                                               TORCH_FN(flash_attention_forward_only)));
   }
+}
+
+// The node's kept mutant (NodeMutant), for the suite's check of the node; 0 restores it.
+void set_node_mutant(int64_t mutant) {
+  require(mutant >= NODE_AS_WRITTEN && mutant <= NODE_DOUBLE_BACKWARD_LET_THROUGH, "native_launch: no node mutant ",
+          mutant);
+  node_mutant = mutant;
 }
 
 // Removes the kernels (the Python ones serve again) and unbinds every key.
@@ -645,6 +660,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("enable_ops", &enable_ops, py::arg("forward"), py::arg("backward"), py::arg("stream_of"),
         py::arg("on_cpu") = false);
   m.def("disable_ops", &disable_ops);
+  m.def("set_node_mutant", &set_node_mutant);
   m.def("op_counts", &op_counts);
   m.def("op_key", &op_key);
   m.def("bind", &bind);
