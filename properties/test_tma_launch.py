@@ -474,6 +474,8 @@ def _reference_kernels(calls: list):
 
     def forward(q, k, v, is_causal, scale, flavour):
         calls.append("fwd")
+        if flavour == "raise in forward":
+            raise ValueError("attention: the Python forward kernel's own message")
         o, lse = attention_reference(q, k, v, is_causal, scale)
         return o, lse, -1
 
@@ -538,12 +540,14 @@ def _check_flash_attention_node(calls: list) -> None:
         assert "double backward" in str(exc), str(exc)
     else:
         raise AssertionError("a double backward (create_graph=True) went through: its second derivative is zero")
-    try:
-        custom_ops.flash_attention(x, x, x, False, 0.5, "raise").sum().backward()
-    except ValueError as exc:
-        assert "the Python kernel's own message" in str(exc), str(exc)
-    else:
-        raise AssertionError("the backward kernel's error did not reach the caller")
+    for flavour, message in (("raise in forward", "the Python forward kernel's own message"),
+                             ("raise", "the Python kernel's own message")):
+        try:
+            custom_ops.flash_attention(x, x, x, False, 0.5, flavour).sum().backward()
+        except ValueError as exc:
+            assert message in str(exc), str(exc)
+        else:
+            raise AssertionError(f"the kernel's error ({flavour}) did not reach the caller")
 
 
 @pytest.mark.usefixtures("native_ops_restored")
