@@ -51,7 +51,9 @@ step leaderboard 90 python -m perf.bench.attention "${common[@]}" --seq 16384 --
     --batch 1 --heads 16 --out "$S/leaderboard"
 step b4h16 90 python -m perf.bench.attention "${common[@]}" --seq 4096 --dims 128 --masks full \
     --batch 4 --heads 16 --out "$S/b4h16"
-step sweep "${SWEEP_S:-200}" python -m perf.bench.attention "${common[@]}" --seq 128:65536 --dims 64 128 --masks causal full \
+# the sweep also times the model's call (gluon_model: custom_ops.attention, through the C++ autograd node)
+step sweep "${SWEEP_S:-200}" python -m perf.bench.attention "${common[@]}" --impls gluon gluon_model triton sdpa_flash sdpa_cudnn \
+    --seq 128:65536 --dims 64 128 --masks causal full \
     --warmup-ms 10 --rep-ms 25 --time-budget-s "${SWEEP_BUDGET_S:-110}" --out "$S/sweep"
 # The GPT step (small, B4, bf16) with SDPA and with our kernel: eager, graphed, compiled, compiled and graphed
 # (perf/results/2026-11-28-h200-gluon-graphed-step: about 150 s on an H200, compiling included).
@@ -64,13 +66,15 @@ step model "${MODEL_S:-300}" python -m perf.bench.model --device cuda --sizes sm
 if [[ " $STEPS " == *" step_native "* ]]; then
   for compiled in on off; do
     STEPS="step_native_$compiled" step "step_native_$compiled" 150 env LLM_SYSTEMS_NATIVE_LAUNCH=1 LLM_SYSTEMS_CALL_GRAPHS=0 \
-        python perf/scripts/model_step_interleaved.py --context 256 1024 4096 --compile "$compiled" \
+        python perf/scripts/model_step_interleaved.py --attention sdpa gluon gluon:function --context 256 1024 4096 --compile "$compiled" \
         --out "$S/step_native_$compiled"
   done
 fi
 [ -d "$OUT/progress" ] && python -m perf.gate.progress_log "$OUT/progress" > "$OUT/laws_progress.txt" 2>&1
-[ -f "$S/sweep/attention.json" ] && python perf/scripts/attention_vs_flash.py "$S/sweep/attention.json" --impl gluon > "$S/gluon_vs_flash.md" 2>&1
-cat "$OUT/summary.txt"; tail -3 "$S/gluon_vs_flash.md" 2>/dev/null
+for impl in gluon gluon_model; do
+  [ -f "$S/sweep/attention.json" ] && python perf/scripts/attention_vs_flash.py "$S/sweep/attention.json" --impl $impl > "$S/${impl}_vs_flash.md" 2>&1
+done
+cat "$OUT/summary.txt"; tail -3 "$S/gluon_vs_flash.md" "$S/gluon_model_vs_flash.md" 2>/dev/null
 # what comes back from a device is limited in files: the tables travel as one archive
 for t in leaderboard b4h16 sweep; do cp "$S/$t/attention.md" "$S/$t.md" 2>/dev/null; done
 cp "$S/model/model.md" "$S/model.md" 2>/dev/null
