@@ -8,6 +8,7 @@ call apart wherever the Gluon plans do and serve only a repeat from the pass Pyt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sysconfig
 import types
@@ -661,6 +662,28 @@ def test_a_bound_key_runs_its_pass_for_any_call_with_that_key_and_no_other():
 # --------------------------------------------------------------------------- on a Hopper GPU
 
 
+@contextlib.contextmanager
+def _cpp_ops_on(monkeypatch, fg, deterministic: bool):
+    """The custom ops' C++ kernels on (the launcher on, call graphs off), the deterministic mode
+    set and no plan cached, for one GPU test: yields the extension.  After it the mode is restored
+    and the plans dropped; ``native_ops_restored`` restores the ops' registration."""
+    from impl.attention import call_graphs, custom_ops
+
+    ext = _built_extension()
+    monkeypatch.setenv("LLM_SYSTEMS_NATIVE_LAUNCH", "1")
+    monkeypatch.setattr(call_graphs, "ENABLED", False)
+    fg._PLANS.clear()
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        assert custom_ops.enable_native_ops() and custom_ops.NATIVE_OPS
+        yield ext
+    finally:
+        custom_ops.disable_native_ops()
+        torch.use_deterministic_algorithms(previous)
+        fg._PLANS.clear()
+
+
 def _assert_the_plans_gradients(want, got, deterministic: bool, where: str) -> None:
     """dQ, dK, dV as the plans gave them: the same bits, but dQ in the non-deterministic mode,
     whose float32 sums may be reordered (within two bf16 ulps)."""
@@ -680,17 +703,10 @@ def test_the_cpp_ops_serve_a_repeated_signature_from_its_pass_as_the_python_kern
     kernels' results (the same bits; dQ in the non-deterministic mode within the reordering of
     its float32 sums); a call of another layout is not served by that pass; bad input raises
     the Python kernel's error."""
-    from impl.attention import call_graphs, custom_ops
+    from impl.attention import custom_ops
 
     fg = gluon_on_hopper
-    ext = _built_extension()
-    monkeypatch.setenv("LLM_SYSTEMS_NATIVE_LAUNCH", "1")
-    monkeypatch.setattr(call_graphs, "ENABLED", False)
-    fg._PLANS.clear()
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(deterministic)
-    assert custom_ops.enable_native_ops()
-    try:
+    with _cpp_ops_on(monkeypatch, fg, deterministic) as ext:
         g = torch.Generator(device="cuda").manual_seed(0)
         for B, H, N, d, causal, layout in [(2, 3, 128, 64, True, "bhnd"), (1, 4, 300, 128, False, "bhnd"),
                                            (2, 3, 128, 64, True, "bnhd"), (2, 2, 1000, 64, True, "bnhd")]:
@@ -722,10 +738,6 @@ def test_the_cpp_ops_serve_a_repeated_signature_from_its_pass_as_the_python_kern
         with pytest.raises(ValueError) as through_op:
             custom_ops.flash_forward(bad, bad, bad, True, 0.125, "gluon")
         assert str(direct.value) in str(through_op.value)
-    finally:
-        custom_ops.disable_native_ops()
-        torch.use_deterministic_algorithms(previous)
-        fg._PLANS.clear()
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
@@ -781,17 +793,10 @@ def test_the_eager_model_paths_cpp_node_gives_the_plans_results_and_runs_repeats
     both passes from C++ (the ops' C++ count rises by two a call, Python's by none), and O and the
     gradients are the plans' (the same bits; dQ in the non-deterministic mode within the reordering
     of its float32 sums), a dO of another layout included."""
-    from impl.attention import call_graphs, custom_ops
+    from impl.attention import custom_ops
 
     fg = gluon_on_hopper
-    ext = _built_extension()
-    monkeypatch.setenv("LLM_SYSTEMS_NATIVE_LAUNCH", "1")
-    monkeypatch.setattr(call_graphs, "ENABLED", False)
-    fg._PLANS.clear()
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(deterministic)
-    assert custom_ops.enable_native_ops() and custom_ops.NATIVE_OPS
-    try:
+    with _cpp_ops_on(monkeypatch, fg, deterministic) as ext:
         g = torch.Generator(device="cuda").manual_seed(2)
         for B, H, N, d, causal, do_layout in [(4, 12, 256, 64, True, "bhnd"), (1, 4, 300, 128, False, "bhnd"),
                                               (2, 2, 1000, 64, True, "bnhd")]:
@@ -812,7 +817,3 @@ def test_the_eager_model_paths_cpp_node_gives_the_plans_results_and_runs_repeats
                     f"{where}: {from_cpp} passes from C++, {from_python} calls through Python"
                 assert torch.equal(o, want_o), f"{where}: O differs"
                 _assert_the_plans_gradients(want, [leaf.grad for leaf in leaves], deterministic, where)
-    finally:
-        custom_ops.disable_native_ops()
-        torch.use_deterministic_algorithms(previous)
-        fg._PLANS.clear()
