@@ -65,8 +65,11 @@ step model "${MODEL_S:-300}" python -m perf.bench.model --device cuda --sizes sm
 # (perf/results/2026-11-28-h200-native-ops: about 100 s and 20 s on an H200, the extension's build aside).
 if [[ " $STEPS " == *" step_native "* ]]; then
   for compiled in on off; do
+    # eager, the model's call goes through the C++ node; gluon:function is the Python Function beside it
+    # (compiled, both trace the same custom ops, so it is left out there)
+    backends=(sdpa gluon); if [ "$compiled" = off ]; then backends+=(gluon:function); fi
     STEPS="step_native_$compiled" step "step_native_$compiled" 150 env LLM_SYSTEMS_NATIVE_LAUNCH=1 LLM_SYSTEMS_CALL_GRAPHS=0 \
-        python perf/scripts/model_step_interleaved.py --attention sdpa gluon gluon:function --context 256 1024 4096 --compile "$compiled" \
+        python perf/scripts/model_step_interleaved.py --attention "${backends[@]}" --context 256 1024 4096 --compile "$compiled" \
         --out "$S/step_native_$compiled"
   done
 fi
