@@ -469,26 +469,22 @@ def test_the_cpp_op_kernels_serve_a_repeat_from_the_pass_python_named_and_send_t
 
 
 def _reference_kernels(calls: list):
-    """The ops' kernels as Python (at the CPU key): O, L and dQ, dK, dV of the materialised
-    softmax, naming no pass, each call recorded."""
-    from impl.attention.reference import attention_reference
+    """The ops' kernels as Python (at the CPU key): the PyTorch flavour's forward and backward
+    (``flash_pytorch``), naming no pass, each call recorded; flavours named "raise ..." raise."""
+    from impl.attention import flash_pytorch
 
     def forward(q, k, v, is_causal, scale, flavour):
         calls.append("fwd")
         if flavour == "raise in forward":
             raise ValueError("attention: the Python forward kernel's own message")
-        o, lse = attention_reference(q, k, v, is_causal, scale)
+        o, lse = flash_pytorch.flash_forward(q, k, v, is_causal, scale)
         return o, lse, -1
 
     def backward(q, k, v, o, lse, grad_o, is_causal, scale, flavour):
         calls.append("bwd")
         if flavour == "raise":
             raise ValueError("attention: the Python kernel's own message")
-        # P = exp(S - L); dV = P^T dO; dS = P * (dO V^T - rowsum(dO * O)); dQ = dS K scale; dK = dS^T Q scale
-        from impl.attention.reference import attention_scores
-        p = torch.exp(attention_scores(q, k, is_causal, scale) - lse[..., None])
-        ds = p * (grad_o @ v.transpose(-1, -2) - (grad_o * o).sum(-1, keepdim=True))
-        return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ grad_o, -1
+        return (*flash_pytorch.flash_backward(q, k, v, o, lse, grad_o, is_causal, scale), -1)
 
     return forward, backward
 
@@ -555,7 +551,8 @@ def _check_flash_attention_node(calls: list) -> None:
 def test_flash_attention_runs_forward_and_backward_through_its_cpp_node_with_the_kernels_gradients():
     """``flash_attention``, the eager model path's op: its autograd node is C++ (its name says so),
     the forward calls the forward kernel once and the backward the backward kernel once, and the
-    gradients are those the kernels give (here the materialised softmax's, at the CPU key, float64)
+    gradients are those the kernels give (here the PyTorch flavour's, at the CPU key, float64,
+    against the reference's autograd)
     for each input, one tensor passed as q, k and v included.  The saved tensors are freed after a
     backward; below autograd (inference mode) it gives O alone; a double backward is refused by
     name, and a kernel's error is raised as it was."""
