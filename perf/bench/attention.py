@@ -23,6 +23,8 @@ Implementations (``--impls``)
                      "unsupported" where that backend has no kernel for the inputs
                      (flash and cuDNN take no float32)
     compiled_eager   torch.compile of ``eager`` (static shapes: one compilation per case)
+    NAME@TAG         a second copy of NAME timed as an implementation of its own (``sdpa_flash@2``):
+                     a peer against itself, the sweep's noise floor at each point
 
 The first call of every pass (kernel compilation, autotuning, torch.compile's tracing)
 is timed apart as ``first_ms`` and never enters the median.
@@ -106,6 +108,12 @@ def _target_attention(flavour: str, target_spec: str | None):
 
 
 def make_impl(name: str, target_spec: str | None = None) -> AttentionImpl:
+    base, tagged, tag = name.partition("@")
+    if tagged:  # the same implementation under another name: its rows are its own, its code is NAME's
+        if not tag or "@" in tag:
+            raise ValueError(f"a copy's name is NAME@TAG with one non-empty TAG, got {name!r}")
+        copy = make_impl(base, target_spec)
+        return AttentionImpl(name, copy.fn, copy.context)
     if name in ("triton", "gluon", "pytorch"):
         return AttentionImpl(name, _target_attention(name, target_spec))
     if name == "gluon_model":
@@ -406,6 +414,14 @@ def use_interpreter_on_cpu(device: torch.device) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def impl_name(name: str) -> str:
+    """``--impls``' check: a known implementation, or a copy of one (NAME@TAG)."""
+    if name.partition("@")[0] not in IMPL_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown attention implementation {name!r}; expected one of "
+                                         f"{', '.join(IMPL_NAMES)}, or NAME@TAG")
+    return name
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m perf.bench.attention", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -413,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq", nargs="+", help="sequence lengths, or LO:HI for powers of two (default 128:65536 on CUDA)")
     parser.add_argument("--dims", nargs="+", type=int, help="head dims (default 16 32 64 128 on CUDA)")
     parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), help="default bf16 fp32 on CUDA")
-    parser.add_argument("--impls", nargs="+", choices=IMPL_NAMES)
+    parser.add_argument("--impls", nargs="+", type=impl_name, metavar="IMPL",
+                        help=f"{', '.join(IMPL_NAMES)}, or NAME@TAG (a second copy of NAME)")
     parser.add_argument("--passes", nargs="+", choices=PASSES, default=list(PASSES))
     parser.add_argument("--masks", nargs="+", choices=sorted(MASKS), default=["causal"],
                         help="causal (CS336's sweep) and/or full (no mask)")

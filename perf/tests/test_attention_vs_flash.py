@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perf.scripts.attention_vs_flash import compare
+from perf.scripts.attention_vs_flash import compare, largest_ratios
 
 
 def _row(impl, n, pass_, ms, causal=True, d=64):
@@ -20,3 +20,15 @@ def test_a_point_counts_where_ours_is_at_most_the_peer_and_missing_rows_are_not_
     assert counts["backward"] == [1, 1, 1, 1]
     assert counts["forward_backward"] == [0, 0, 0, 0]
     assert any("| causal | 64 | 8192 | 2.000 / 1.500 | 1.000 / 3.000 ** | - |" == ln for ln in lines)
+
+
+def test_the_largest_ratio_is_found_per_pass_over_the_points_both_have():
+    rows = [_row("gluon", 128, "forward", 1.2), _row("sdpa_flash", 128, "forward", 1.0),
+            _row("gluon", 256, "forward", 0.9), _row("sdpa_flash", 256, "forward", 1.0),
+            _row("gluon", 512, "forward", 9.0),  # no peer row: not a ratio
+            _row("gluon", 128, "backward", 1.0, causal=False, d=128), _row("sdpa_flash", 128, "backward", 2.0,
+                                                                             causal=False, d=128)]
+    largest = largest_ratios(rows, "gluon", "sdpa_flash")
+    assert set(largest) == {"forward", "backward"}
+    assert largest["forward"][1] == ("causal", 64, 128) and abs(largest["forward"][0] - 1.2) < 1e-12
+    assert largest["backward"] == (0.5, ("full", 128, 128))

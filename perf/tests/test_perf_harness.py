@@ -1,6 +1,7 @@
 """The benchmark harness's own behaviour, quickly, on any device: tables, plots, OOM
 reporting, time budgets, the memory snapshot and the profiler trace, bad input."""
 
+import argparse
 import gzip
 import json
 import pickle
@@ -369,3 +370,18 @@ def test_gpu_script_runs_every_stage_and_writes_its_files(tmp_path, monkeypatch,
     results = json.loads((tmp_path / "results.json").read_text())
     assert len(results["attention"]) == 2 * 3 and {r["part"] for r in results["model"]} == {"warmup0", "model", "by_context"}
     assert "Attention time" in capsys.readouterr().out
+
+
+def test_a_copy_of_an_implementation_is_timed_under_its_own_name(device):
+    copy, original = bench_attention.make_impl("eager@2"), bench_attention.make_impl("eager")
+    assert copy.name == "eager@2" and copy.fn is original.fn
+    result = bench_attention.sweep([16], [16], ["fp32"], ["eager", "eager@2"], ["forward"], device=device,
+                                   warmup_ms=1, rep_ms=2, log=None)
+    assert sorted(r["impl"] for r in result.rows) == ["eager", "eager@2"]
+    assert all(r["ms"] is not None for r in result.rows)
+    for bad in ("flash3@2", "eager@", "eager@2@3"):
+        with pytest.raises(ValueError, match="unknown attention implementation|NAME@TAG"):
+            bench_attention.make_impl(bad)
+    assert bench_attention.impl_name("sdpa_flash@2") == "sdpa_flash@2"
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown attention implementation 'flash3@2'"):
+        bench_attention.impl_name("flash3@2")
