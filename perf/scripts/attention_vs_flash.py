@@ -1,46 +1,64 @@
 """The sweep goal, counted: at every point of an attention sweep (perf.bench.attention's
 attention.json), ours against SDPA flash for forward, backward and forward + backward.
 
-    python perf/scripts/attention_vs_flash.py SWEEP_DIR/attention.json [--impl triton] [--peer sdpa_flash]
+    python perf/scripts/attention_vs_flash.py SWEEP_DIR/attention.json [--impl triton] [--peer sdpa_flash] [--paired]
 
 Prints a markdown table (ours / peer ms, ``**`` where ours is at most the peer), the counts
 per pass, overall and from N = 8192 on, and the largest ratio ours / peer per pass.  With the
 peer against a copy of itself (``--impl sdpa_flash@2``, perf.bench.attention's NAME@TAG) the
-counts and ratios are the sweep's noise floor.
+counts and ratios are the sweep's noise floor.  ``--paired`` reads each point by the median over
+rounds of the round's ratio (both measured in the same round), not by the ratio of medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import defaultdict
 
 PASSES = ("forward", "backward", "forward_backward")
 
 
 def _times(rows) -> dict:
-    ms = defaultdict(dict)  # (causal, d, N, pass) -> impl -> ms
+    ms = defaultdict(dict)  # (causal, d, N, pass) -> impl -> the row's ms and its rounds' ms
     for r in rows:
         if r.get("status") == "ok":
-            ms[(r["causal"], r["d"], r["seq"], r["pass"])][r["impl"]] = r["ms"]
+            ms[(r["causal"], r["d"], r["seq"], r["pass"])][r["impl"]] = (r["ms"], r.get("ms_rounds"))
     return ms
 
 
-def largest_ratios(rows, impl: str, peer: str) -> dict:
+def ratio(ours, peer, paired: bool = False) -> float:
+    """ours / peer of one point: the medians' ratio; ``paired``, the median over rounds of each
+    round's ratio (the two measured in the same round, so a drift of the host over the rounds
+    is in both), which needs the rows' rounds (a sweep's ``--rounds`` > 1)."""
+    if not paired:
+        return ours[0] / peer[0]
+    if not ours[1] or not peer[1] or len(ours[1]) != len(peer[1]):
+        raise ValueError("a paired ratio needs both rows' rounds, as many of each (a sweep with --rounds > 1)")
+    return statistics.median(a / b for a, b in zip(ours[1], peer[1]))
+
+
+def largest_ratios(rows, impl: str, peer: str, paired: bool = False) -> dict:
     """Per pass, the largest ours / peer over the points both have, and its point (mask, d, N)."""
     largest = {}
     for (causal, d, n, p), got in _times(rows).items():
-        if impl in got and peer in got and (p not in largest or got[impl] / got[peer] > largest[p][0]):
-            largest[p] = (got[impl] / got[peer], ("causal" if causal else "full", d, n))
+        if impl in got and peer in got:
+            r = ratio(got[impl], got[peer], paired)
+            if p not in largest or r > largest[p][0]:
+                largest[p] = (r, ("causal" if causal else "full", d, n))
     return largest
 
 
-def compare(rows, impl: str, peer: str) -> tuple[list[str], dict]:
+def compare(rows, impl: str, peer: str, paired: bool = False) -> tuple[list[str], dict]:
+    """The table's lines and, per pass, [won, compared, won at N >= 8192, compared there]; a
+    point is won where ours / peer (``ratio``) is at most 1."""
     ms = _times(rows)
     points = sorted({key[:3] for key in ms}, key=lambda p: (not p[0], p[1], p[2]))
-    lines = ["| mask | d | N | " + " | ".join(f"{p} ({impl} / {peer})" for p in PASSES) + " |",
+    what = "paired ratio over rounds" if paired else "ms"
+    lines = ["| mask | d | N | " + " | ".join(f"{p} ({impl} / {peer}, {what})" for p in PASSES) + " |",
              "|---|---:|---:|" + "---:|" * len(PASSES)]
-    counts = {p: [0, 0, 0, 0] for p in PASSES}  # won, compared, won at N >= 8192, compared there
+    counts = {p: [0, 0, 0, 0] for p in PASSES}
     for causal, d, n in points:
         cells = []
         for p in PASSES:
@@ -48,14 +66,16 @@ def compare(rows, impl: str, peer: str) -> tuple[list[str], dict]:
             if impl not in got or peer not in got:
                 cells.append("-")
                 continue
-            win = got[impl] <= got[peer]
+            r = ratio(got[impl], got[peer], paired)
+            win = r <= 1
             c = counts[p]
             c[0] += win
             c[1] += 1
             if n >= 8192:
                 c[2] += win
                 c[3] += 1
-            cells.append(f"{got[impl]:.3f} / {got[peer]:.3f}" + (" **" if win else ""))
+            cell = f"{r:.3f}" if paired else f"{got[impl][0]:.3f} / {got[peer][0]:.3f}"
+            cells.append(cell + (" **" if win else ""))
         lines.append(f"| {'causal' if causal else 'full'} | {d} | {n} | " + " | ".join(cells) + " |")
     return lines, counts
 
@@ -65,15 +85,18 @@ def main() -> None:
     p.add_argument("sweep")
     p.add_argument("--impl", default="triton")
     p.add_argument("--peer", default="sdpa_flash")
+    p.add_argument("--paired", action="store_true",
+                   help="compare each point by the median over rounds of the round's ratio, not the medians' ratio")
     a = p.parse_args()
-    lines, counts = compare(json.load(open(a.sweep))["rows"], a.impl, a.peer)
+    rows = json.load(open(a.sweep))["rows"]
+    lines, counts = compare(rows, a.impl, a.peer, a.paired)
     print("\n".join(lines))
     total = [sum(c[i] for c in counts.values()) for i in range(4)]
-    print(f"\nat most {a.peer}: {total[0]} of {total[1]} points; "
+    print(f"\nat most {a.peer}{' (paired)' if a.paired else ''}: {total[0]} of {total[1]} points; "
           + ", ".join(f"{p} {c[0]}/{c[1]}" for p, c in counts.items())
           + f"; at N >= 8192: {total[2]} of {total[3]} ("
           + ", ".join(f"{p} {c[2]}/{c[3]}" for p, c in counts.items()) + ")")
-    largest = largest_ratios(json.load(open(a.sweep))["rows"], a.impl, a.peer)
+    largest = largest_ratios(rows, a.impl, a.peer, a.paired)
     print(f"largest {a.impl} / {a.peer}: " + ", ".join(
         f"{p} {r:.3f} ({mask} d{d} N{n})" for p, (r, (mask, d, n)) in sorted(largest.items())))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from perf.scripts.attention_vs_flash import compare, largest_ratios
 
 
@@ -32,3 +34,19 @@ def test_the_largest_ratio_is_found_per_pass_over_the_points_both_have():
     assert set(largest) == {"forward", "backward"}
     assert largest["forward"][1] == ("causal", 64, 128) and abs(largest["forward"][0] - 1.2) < 1e-12
     assert largest["backward"] == (0.5, ("full", 128, 128))
+
+
+def test_a_paired_point_is_read_by_the_median_of_its_rounds_ratios_not_the_ratio_of_medians():
+    # round by round ours is below the peer, but a slow host in two of flash's rounds and in three of
+    # ours puts our median above the peer's: paired, the point is won; unpaired, it is lost
+    ours = dict(_row("gluon", 128, "backward", 0.0), ms_rounds=[0.9, 1.8, 1.8, 1.8, 0.9])
+    peer = dict(_row("sdpa_flash", 128, "backward", 0.0), ms_rounds=[1.0, 2.0, 2.0, 1.0, 1.0])
+    ours["ms"], peer["ms"] = 1.8, 1.0  # the rows' medians
+    _, unpaired = compare([ours, peer], "gluon", "sdpa_flash")
+    lines, paired = compare([ours, peer], "gluon", "sdpa_flash", paired=True)
+    assert unpaired["backward"][:2] == [0, 1] and paired["backward"][:2] == [1, 1]
+    assert "| causal | 64 | 128 | - | 0.900 ** | - |" in lines
+    assert largest_ratios([ours, peer], "gluon", "sdpa_flash", paired=True)["backward"][0] == 0.9
+    with pytest.raises(ValueError, match="paired ratio needs both rows' rounds"):
+        compare([_row("gluon", 128, "forward", 1.0), _row("sdpa_flash", 128, "forward", 1.0)], "gluon", "sdpa_flash",
+                paired=True)
