@@ -3,7 +3,8 @@ process is killed as hung only for time it spends running, not compiling, since 
 progress (a call of the implementation starting, a float64 reference starting or done): a
 cold Triton cache, a loaded GPU or a law that judges after all its calls must not read as a
 hang, and a kernel that never finishes must still be caught
-(``conformance.laws.attention.rejection``).  A failure Hypothesis could not replay (a race) is
+(``conformance.laws.attention.rejection``).  Nor is its setup counted (imports and the target's
+load, up to its "READY" line), or a C++ extension's build or load (announced as a compile).  A failure Hypothesis could not replay (a race) is
 still a rejection (``conformance.lawbook.first_failure_line``)."""
 
 from __future__ import annotations
@@ -39,18 +40,70 @@ WATCHED_RUNS = [
      1.0, 60.0, True),
     ("compiling past the allowance is a hang too", "print('COMPILING', flush=True); time.sleep(30)", 60.0, 1.0, True),
 ]
+# (what it shows, the child's body, limit_s, compile_allowance_s, killed as hung): watched with setup=True
+SETUP_RUNS = [
+    ("a slow setup before READY is not a hang",
+     "time.sleep(2.5); print('READY', flush=True); print('VERDICT:', flush=True)", 1.0, 60.0, False),
+    ("after READY the clock runs", "print('READY', flush=True); time.sleep(30)", 1.0, 60.0, True),
+    ("progress before READY does not start the clock",
+     "print('PROGRESS', flush=True); time.sleep(2.5); print('READY', flush=True); print('VERDICT:', flush=True)",
+     1.0, 60.0, False),
+    ("a setup past the allowance is a hang", "time.sleep(30)", 60.0, 1.0, True),
+]
 
 
-@pytest.mark.parametrize("body, limit_s, allowance_s, hung", [r[1:] for r in WATCHED_RUNS],
-                         ids=[r[0].replace(" ", "_") for r in WATCHED_RUNS])
-def test_a_child_is_killed_as_hung_only_for_running_time_without_progress(body, limit_s, allowance_s, hung):
+@pytest.mark.parametrize("body, limit_s, allowance_s, hung, setup",
+                         [r[1:] + (False,) for r in WATCHED_RUNS] + [r[1:] + (True,) for r in SETUP_RUNS],
+                         ids=[r[0].replace(" ", "_") for r in WATCHED_RUNS + SETUP_RUNS])
+def test_a_child_is_killed_as_hung_only_for_running_time_without_progress(body, limit_s, allowance_s, hung, setup):
     proc = _child(body)
-    lines, killed, _ = rejection.watch_for_progress(proc, limit_s=limit_s, compile_allowance_s=allowance_s)
+    lines, killed, _ = rejection.watch_for_progress(proc, limit_s=limit_s, compile_allowance_s=allowance_s,
+                                                    setup=setup)
     assert killed == hung
     if hung:
         assert proc.returncode is not None
     else:
         assert lines == ["VERDICT:"]
+
+
+def test_without_setup_the_clock_runs_from_the_start():
+    # the setup's allowance is the gluon child's (setup=True): elsewhere READY is a line like any
+    proc = _child("time.sleep(2.5); print('READY', flush=True); print('VERDICT:', flush=True)")
+    lines, killed, _ = rejection.watch_for_progress(proc, limit_s=1.0, compile_allowance_s=60.0)
+    assert killed
+
+
+def test_a_gluon_childs_setup_is_not_counted_as_a_hang(monkeypatch):
+    # The child's imports and its target's load (READY ends them) run no kernel of the target: a
+    # loaded machine's slow start is not a hang (a correct control read "hung" at a 40 s limit).
+    monkeypatch.setattr(rejection, "HANG_LIMIT_S", 1.0)
+    monkeypatch.setattr(rejection, "_CHILD", "import time\ntime.sleep(2.5)\nprint('READY', flush=True)\n"
+                                             "print('VERDICT:', flush=True)")
+    assert rejection._rejection_in_child("some_law", "impl", 3, "gluon") is None
+    monkeypatch.setattr(rejection, "_CHILD", "import time\nprint('READY', flush=True)\ntime.sleep(30)")
+    assert rejection._rejection_in_child("some_law", "impl", 3, "gluon").startswith("hung:")
+
+
+def test_a_cpp_extension_build_is_announced_as_a_compile(monkeypatch, capsys):
+    # A target that builds or loads a C++ extension in its first call (impl's launcher does): on a
+    # loaded machine its processes wait in turn on the build's lock, which is compiling, not a hang.
+    from torch.utils import cpp_extension
+
+    def build(name, **kwargs):
+        print("building", name, flush=True)
+        if kwargs.get("fail"):
+            raise RuntimeError("no compiler")
+        return "module"
+
+    monkeypatch.setattr(cpp_extension, "load", build)
+    monkeypatch.setattr(cpp_extension, "load_inline", build)
+    rejection.announce_extension_builds()
+    rejection.announce_extension_builds()  # once only: a second call wraps nothing again
+    assert cpp_extension.load("ext") == "module"
+    with pytest.raises(RuntimeError, match="no compiler"):
+        cpp_extension.load_inline("other", fail=True)
+    assert capsys.readouterr().out.split() == ["COMPILING", "building", "ext", "COMPILED",
+                                               "COMPILING", "building", "other", "COMPILED"]
 
 
 def test_the_childs_stderr_comes_back_for_a_crash_report():
@@ -63,6 +116,7 @@ def test_the_child_program_is_valid_python_with_the_compile_hooks():
     code = rejection._CHILD.format(law="some_law", target="impl", examples=3, flavour="gluon")
     compile(code, "<child>", "exec")
     assert "jit_cache_hook" in code and "jit_post_compile_hook" in code and "PROGRESS" in code
+    assert "announce_extension_builds()" in code
 
 
 def test_a_failure_hypothesis_could_not_replay_is_still_a_rejection():
@@ -98,6 +152,7 @@ def test_the_child_program_reports_a_real_budget_cut(monkeypatch):
     lines = done.stdout.splitlines()
     assert any(line.startswith(rejection.BUDGET_CUT) for line in lines), done.stdout[-2000:] + done.stderr[-2000:]
     assert lines[-1] == "VERDICT:"
+    assert lines.count(rejection.READY) == 1 and lines.index(rejection.READY) < lines.index("PROGRESS")
 
 
 def test_a_law_that_judges_after_its_calls_is_not_hung_by_its_references():

@@ -62,8 +62,13 @@ SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None)
 # says it is done.  A hung kernel still shows: that wait, or the judging's first read of its
 # output, never returns, and no progress follows.  Spec checks call the target
 # themselves, so for them the whole run's time counts.  Time spent compiling is not counted either (the child
-# reports each Triton compile's start and end): a cold cache on a loaded machine compiles for
-# longer than any call that finishes takes, and is no hang.
+# reports each Triton compile's start and end, and each C++ extension's build or load through
+# torch.utils.cpp_extension): a cold cache on a loaded machine compiles for longer than any call
+# that finishes takes, and is no hang.  Nor is the child's setup before the target is loaded
+# (its imports; ``READY`` ends it): no kernel of the target has run yet.  Both count against
+# COMPILE_ALLOWANCE_S.  On a fresh H200 whose twelve workers started children at once, a correct
+# control read "hung" at a 40 s limit: its children waited in turn on the lock of impl's C++
+# launcher's build inside their first call, a wait the clock then counted.
 HANG_LIMIT_S = float(os.environ.get("SUITE_HANG_LIMIT_S", 150))
 COMPILE_ALLOWANCE_S = 900.0  # compiling past this much in one run is reported as a hang too
 
@@ -82,6 +87,8 @@ try:
     knobs.runtime.jit_post_compile_hook = _say('COMPILED')
 except Exception:  # no hooks: every second counts towards the limit
     pass
+from conformance.laws.attention.rejection import announce_extension_builds
+announce_extension_builds()
 from conformance.laws.attention import laws as _laws
 _call = _laws.call
 def _call_with_progress(*args, **kwargs):
@@ -109,6 +116,32 @@ for w in caught:  # the parent's caller decides what a cut law means (the mutant
         print(BUDGET_CUT + str(w.message).splitlines()[0], flush=True)
 print('VERDICT:' + ('' if v is None else v), flush=True)
 """
+READY = "READY"  # the child's line once its target is loaded: the end of its setup
+
+
+def announce_extension_builds() -> None:
+    """torch.utils.cpp_extension's ``load`` and ``load_inline`` say "COMPILING" before and
+    "COMPILED" after (a child's compiles, which its clock does not count): a target may build
+    or load a C++ extension in its first call, and on a loaded machine its processes wait in
+    turn on the build's lock."""
+    from torch.utils import cpp_extension
+
+    for name in ("load", "load_inline"):
+        build = getattr(cpp_extension, name)
+        if getattr(build, "announced", False):
+            continue
+
+        def announced(*args, _build=build, **kwargs):
+            print("COMPILING", flush=True)
+            try:
+                return _build(*args, **kwargs)
+            finally:
+                print("COMPILED", flush=True)
+
+        announced.announced = True
+        setattr(cpp_extension, name, announced)
+
+
 # The child's line for a law its time budget cut short (every example that ran passed): the
 # parent warns it again, so a caller that reads LawBudgetWarning sees it as it would in-process.
 BUDGET_CUT = "BUDGET_CUT:"
@@ -122,6 +155,8 @@ def rejection(law_name: str, target_spec: str, max_examples: int, flavour: str =
         if not in_child:
             return _rejection_in_child(law_name, target_spec, max_examples, flavour)
     attn = load_target(target_spec).attention(flavour or "pytorch")
+    if in_child:  # the setup is done: from here the parent's clock counts (watch_for_progress)
+        print(READY, flush=True)
     try:
         if law_name.startswith("spec:"):
             spec.SPEC_CHECKS[law_name.removeprefix("spec:")](attn, device)
@@ -140,7 +175,7 @@ def _rejection_in_child(law_name: str, target_spec: str, max_examples: int, flav
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=root, env=env)
-    lines, hung, stderr = watch_for_progress(proc, HANG_LIMIT_S, COMPILE_ALLOWANCE_S)
+    lines, hung, stderr = watch_for_progress(proc, HANG_LIMIT_S, COMPILE_ALLOWANCE_S, setup=True)
     if hung:
         return (f"hung: no call of the implementation started or the run ended within {HANG_LIMIT_S:g} s, compiling "
                 f"not counted (a kernel that never finishes, as one whose barrier waits on a phase that never "
@@ -155,17 +190,19 @@ def _rejection_in_child(law_name: str, target_spec: str, max_examples: int, flav
     return verdicts[-1] or None
 
 
-def watch_for_progress(proc: subprocess.Popen, limit_s: float, compile_allowance_s: float) -> tuple[list, bool, str]:
+def watch_for_progress(proc: subprocess.Popen, limit_s: float, compile_allowance_s: float,
+                       setup: bool = False) -> tuple[list, bool, str]:
     """Read ``proc``'s output to its end; kill it once it has run ``limit_s`` seconds outside
     compiles since its last "PROGRESS" line (between a "COMPILING" and a "COMPILED" line the
-    clock stops, up to ``compile_allowance_s`` in all).  Returns (stdout lines but those
-    three kinds, whether it was killed, stderr)."""
+    clock stops, up to ``compile_allowance_s`` in all).  ``setup``: the clock also stops from
+    the start to a "READY" line, counted against the same allowance.  Returns (stdout lines but
+    those four kinds, whether it was killed, stderr)."""
     out: queue.Queue = queue.Queue()
     err: list = []
     threading.Thread(target=lambda: [out.put(line) for line in proc.stdout] + [out.put(None)], daemon=True).start()
     err_reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
     err_reader.start()
-    lines, running, compiled, compiling = [], 0.0, 0.0, 0
+    lines, running, compiled, compiling = [], 0.0, 0.0, int(setup)  # the setup holds the clock as a compile does
     mark, hung = time.monotonic(), False
     while True:
         left = (compile_allowance_s - compiled) if compiling else (limit_s - running)
@@ -188,8 +225,9 @@ def watch_for_progress(proc: subprocess.Popen, limit_s: float, compile_allowance
             running = 0.0
         elif line == "COMPILING":
             compiling += 1
-        elif line == "COMPILED":
+        elif line == "COMPILED" or (line == READY and setup):
             compiling = max(compiling - 1, 0)
+            setup = setup and line != READY
         else:
             lines.append(line)
     proc.wait()
