@@ -10,7 +10,7 @@ OUT=${OUT:-gpu-out}
 S=$OUT/tables
 mkdir -p "$S"
 { nvidia-smi -L; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"; } > "$OUT/device.txt" 2>&1
-STEPS=${STEPS:-probe laws laws_kernels leaderboard b4h16 sweep model step_native}
+STEPS=${STEPS:-probe laws laws_kernels leaderboard b4h16 sweep sweep_short model step_native}
 # A Gluon mutant whose barrier waits on a phase that never comes hangs its child: declared hung after
 # 40 s without a call starting (compiling not counted), as in the gate; at the default 150 s its two runs
 # were the tier's longest tests (195 and 160 s; at 40 s, 53 and 14 s, and the controls still pass:
@@ -55,6 +55,13 @@ step b4h16 90 python -m perf.bench.attention "${common[@]}" --seq 4096 --dims 12
 step sweep "${SWEEP_S:-200}" python -m perf.bench.attention "${common[@]}" --impls gluon gluon_model triton sdpa_flash sdpa_cudnn \
     --seq 128:65536 --dims 64 128 --masks causal full \
     --warmup-ms 10 --rep-ms 25 --time-budget-s "${SWEEP_BUDGET_S:-110}" --out "$S/sweep"
+# The short points (N 128-2048, where the host decides much of a call) in many short rounds, beside SDPA
+# flash against a copy of itself (sdpa_flash@2: the instrument's noise floor), each point read by the median
+# of its rounds' ratios (attention_vs_flash.py --paired): about 120 s on an H200, where the null read 29 of
+# 60 with its ratios within 1.07 (perf/results/2026-11-29-h200-paired-sweep-and-gate).
+step sweep_short "${SWEEP_SHORT_S:-200}" python -m perf.bench.attention --device cuda --dtypes bf16 \
+    --impls gluon gluon_model sdpa_flash sdpa_flash@2 --rounds 21 --no-plots --seq 128:2048 --dims 64 128 \
+    --masks causal full --warmup-ms 2 --rep-ms 4 --time-budget-s 180 --out "$S/sweep_short"
 # The GPT step (small, B4, bf16) with SDPA and with our kernel: eager, graphed, compiled, compiled and graphed
 # (perf/results/2026-11-28-h200-gluon-graphed-step: about 150 s on an H200, compiling included).
 step model "${MODEL_S:-300}" python -m perf.bench.model --device cuda --sizes small --attention sdpa gluon --precision bf16 \
@@ -77,9 +84,13 @@ fi
 for impl in gluon gluon_model; do
   [ -f "$S/sweep/attention.json" ] && python perf/scripts/attention_vs_flash.py "$S/sweep/attention.json" --impl $impl > "$S/${impl}_vs_flash.md" 2>&1
 done
-cat "$OUT/summary.txt"; tail -3 "$S/gluon_vs_flash.md" "$S/gluon_model_vs_flash.md" 2>/dev/null
+for impl in gluon gluon_model sdpa_flash@2; do
+  [ -f "$S/sweep_short/attention.json" ] && python perf/scripts/attention_vs_flash.py "$S/sweep_short/attention.json" \
+      --impl $impl --paired > "$S/short_${impl/@/_at_}_paired.md" 2>&1
+done
+cat "$OUT/summary.txt"; tail -3 "$S/gluon_vs_flash.md" "$S/gluon_model_vs_flash.md" "$S"/short_*_paired.md 2>/dev/null
 # what comes back from a device is limited in files: the tables travel as one archive
 for t in leaderboard b4h16 sweep; do cp "$S/$t/attention.md" "$S/$t.md" 2>/dev/null; done
 cp "$S/model/model.md" "$S/model.md" 2>/dev/null
 for compiled in on off; do cp "$S/step_native_$compiled/model_interleaved.md" "$S/step_native_$compiled.md" 2>/dev/null; done
-tar czf "$OUT/tables.tgz" -C "$OUT" tables && rm -rf "$S" "$OUT"/leaderboard.log "$OUT"/b4h16.log "$OUT"/sweep.log "$OUT"/model.log
+tar czf "$OUT/tables.tgz" -C "$OUT" tables && rm -rf "$S" "$OUT"/leaderboard.log "$OUT"/b4h16.log "$OUT"/sweep.log "$OUT"/sweep_short.log "$OUT"/model.log
