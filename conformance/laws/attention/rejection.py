@@ -67,8 +67,9 @@ SETTINGS = dict(phases=[Phase.explicit, Phase.generate], database=None)
 # that finishes takes, and is no hang.  Nor is the child's setup before the target is loaded
 # (its imports; ``READY`` ends it): no kernel of the target has run yet.  Both count against
 # COMPILE_ALLOWANCE_S.  On a fresh H200 whose twelve workers started children at once, a correct
-# control read "hung" at a 40 s limit: its children waited in turn on the lock of impl's C++
-# launcher's build inside their first call, a wait the clock then counted.
+# control read "hung" at a 40 s limit with no progress line from its start: the clock had counted
+# its imports, its target's load and, in its first call, the load of impl's C++ launcher, which
+# waits on the build's lock while other processes hold it.
 HANG_LIMIT_S = float(os.environ.get("SUITE_HANG_LIMIT_S", 150))
 COMPILE_ALLOWANCE_S = 900.0  # compiling past this much in one run is reported as a hang too
 
