@@ -4,7 +4,8 @@
 
 Each line: node id, outcome, seconds in the test's call, and what Triton compiled during it
 (kernels compiled, kernels found in the cache, compile seconds from Triton's compilation
-listener), and for a failure its report text.  Written and flushed per test, from every
+listener), what the test recorded with ``record_property`` (a kept mutant's verdict: how a
+law rejected it), and for a failure its report text.  Written and flushed per test, from every
 xdist worker (one file each), so a stage cut by a time limit still names what failed and
 where the time went; `python -m perf.gate.progress_log DIR` summarises the files.
 """
@@ -57,6 +58,9 @@ def pytest_runtest_logreport(report):
     line = dict(test=report.nodeid, when=report.when, outcome=report.outcome, seconds=round(report.duration, 2),
                 compiled=_compiles["compiled"], cache_hits=_compiles["cache_hits"],
                 compile_seconds=round(_compiles["seconds"], 1), kernels=dict(_compiles["kernels"]))
+    properties = getattr(report, "user_properties", None)
+    if properties:
+        line["properties"] = {str(name): str(value)[:500] for name, value in properties}
     if report.failed:
         line["report"] = str(report.longrepr)[-6000:]
     _file.write(json.dumps(line) + "\n")
@@ -85,6 +89,10 @@ def summarise(directory: str) -> str:
            "seconds  compile_s  compiled  outcome  test"]
     out += [f"{r['seconds']:7.1f}  {r['compile_seconds']:9.1f}  {r['compiled']:8d}  {r['outcome']:7s}  {r['test']}"
             for r in rows]
+    verdicts = [r for r in rows if "verdict" in r.get("properties", {})]
+    if verdicts:
+        out += ["", "verdicts (how each kept mutant's run ended):"]
+        out += [f"  {r['test']}: {r['properties']['verdict']}" for r in sorted(verdicts, key=lambda r: r["test"])]
     for r in rows:
         if r["outcome"] == "failed":
             out += ["", f"FAILED {r['test']} ({r['when']})", r.get("report", "")]

@@ -37,9 +37,9 @@ def test_warm_up_covers_the_gluon_budget_and_the_boundary_cases_its_laws_run_fir
     assert any(math.prod(c.batch) == 1 and c.n_k == SPLIT_KEYS_LEN for c in cases)  # a split-KV grid
 
 
-def _report(nodeid, outcome, when="call", longrepr=None):
+def _report(nodeid, outcome, when="call", longrepr=None, properties=()):
     return SimpleNamespace(nodeid=nodeid, outcome=outcome, when=when, duration=1.25, longrepr=longrepr,
-                           failed=outcome == "failed", skipped=outcome == "skipped")
+                           failed=outcome == "failed", skipped=outcome == "skipped", user_properties=list(properties))
 
 
 def test_progress_log_writes_each_test_as_it_ends_and_names_failures(tmp_path, monkeypatch):
@@ -53,7 +53,8 @@ def test_progress_log_writes_each_test_as_it_ends_and_names_failures(tmp_path, m
         progress_log.pytest_runtest_setup(SimpleNamespace())
         progress_log._listener(src=SimpleNamespace(name="_flash_fwd_kernel"), metadata={}, metadata_group={},
                                times=SimpleNamespace(total=2_500_000), cache_hit=False)
-        progress_log.pytest_runtest_logreport(_report("t.py::test_a", "passed"))
+        progress_log.pytest_runtest_logreport(_report("t.py::test_a", "passed",
+                                                      properties=[("verdict", "hung: no call started")]))
         progress_log.pytest_runtest_setup(SimpleNamespace())
         progress_log.pytest_runtest_logreport(_report("t.py::test_b", "failed", longrepr="AssertionError: O off"))
         progress_log.pytest_runtest_logreport(_report("t.py::test_b", "passed", when="teardown"))  # not a line
@@ -67,3 +68,5 @@ def test_progress_log_writes_each_test_as_it_ends_and_names_failures(tmp_path, m
         f.write('{"test": "t.py::test_c", "when": "ca')  # a line cut by the stage's time limit
     summary = progress_log.summarise(str(tmp_path))
     assert "2 tests" in summary and "FAILED t.py::test_b" in summary and "AssertionError: O off" in summary
+    assert lines[0]["properties"] == {"verdict": "hung: no call started"} and "properties" not in lines[1]
+    assert "  t.py::test_a: hung: no call started" in summary.splitlines()
