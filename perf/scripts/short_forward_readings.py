@@ -16,7 +16,6 @@ Where do_bench's reading sits above the device time, the host's issue decided it
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from impl.attention import flash_gluon as fg
 from impl.attention.custom_ops import attention
-from perf.lib.measure import median_ms
+from perf.lib.measure import host_us_per_call, median_ms
 from perf.lib.workloads import cuda_attention_inputs
 
 ROUNDS = 9
@@ -40,16 +39,6 @@ def sdpa_flash(q, k, v, causal):
 IMPLS = {"gluon_model": lambda q, k, v, causal: attention(q, k, v, causal, "gluon"),
          "gluon": lambda q, k, v, causal: fg.FlashAttentionGluon.apply(q, k, v, causal),
          "sdpa_flash": sdpa_flash}
-
-
-def host_us(fn, calls: int = 200) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - start) / calls * 1e6
-    torch.cuda.synchronize()
-    return host
 
 
 def device_us_behind(fn, reps: int = 200) -> float:
@@ -91,7 +80,7 @@ def main() -> None:
                         fn()
                         bench, host, device = readings[name]
                         bench.append(median_ms(fn, "cuda", warmup_ms=2, rep_ms=4, grad_to_none=[q, k, v]) * 1e3)
-                        host.append(host_us(fn))
+                        host.append(host_us_per_call(fn, "cuda", calls=200))
                         device.append(device_us_behind(fn))
                 for name in names:
                     plan_calls[0] = 0
