@@ -34,7 +34,11 @@ alone, from one forward's graph kept with retain_graph) and ``forward_backward``
 Time: the median of ``triton.testing.do_bench`` on CUDA (a perf_counter median on the
 CPU).  Host time (CUDA only): microseconds the CPU spends issuing one call, from 20 calls
 with no synchronisation inside the loop; where it exceeds the GPU time the pass is
-launch-bound and the median measures the host, not the kernels.  Memory: torch.cuda.max_memory_allocated over one call of the pass, inputs and
+launch-bound and the median measures the host, not the kernels.  ``--device-time`` (CUDA):
+also each pass's device time with the GPU held behind the host (``device_ms``: after the
+flush a GPU sleep of three times the pass's host time, so the host has issued the whole call
+before the GPU reaches it; ``measure.device_ms_held_behind``).  Memory:
+torch.cuda.max_memory_allocated over one call of the pass, inputs and
 (for backward) the forward's saved tensors included.  A case that runs out of memory is
 recorded as "OOM" (the error is caught, memory freed, the sweep goes on).  ``--time-budget-s``
 stops between cases and writes what was measured.
@@ -76,7 +80,7 @@ CUDA_DEFAULTS = dict(seq=[2**i for i in range(7, 17)], dims=[16, 32, 64, 128], d
 CPU_DEFAULTS = dict(seq=[16, 32, 64], dims=[16, 32], dtypes=["fp32"], impls=["triton", "eager", "sdpa"])
 
 TABLE_COLUMNS = ("impl", "causal", "dtype", "d", "seq", "pass", "batch", "heads", "ms", "tflops", "peak_mib", "first_ms",
-                 "host_us", "status", "detail")
+                 "host_us", "device_ms", "status", "detail")
 MASKS = {"causal": True, "full": False}
 
 
@@ -173,11 +177,15 @@ def pass_fn(impl: AttentionImpl, pass_: str, q, k, v, do, causal: bool = True):
     raise ValueError(f"unknown pass {pass_!r}; expected one of {', '.join(PASSES)}")
 
 
-def measure_pass(impl: AttentionImpl, case: Case, pass_: str, device, *, warmup_ms=25.0, rep_ms=100.0) -> dict:
-    """One row: median ms, TFLOP/s and peak MiB of one pass, or the reason it has none."""
+def measure_pass(impl: AttentionImpl, case: Case, pass_: str, device, *, warmup_ms=25.0, rep_ms=100.0,
+                 device_time: bool = False) -> dict:
+    """One row: median ms, TFLOP/s and peak MiB of one pass, or the reason it has none;
+    ``device_time``: also the pass's device time with the GPU held behind the host
+    (``device_ms``, ``measure.device_ms_held_behind``; None on the CPU)."""
     device = torch.device(device)
     row = dict(impl=impl.name, dtype=case.dtype, d=case.d, seq=case.seq, batch=case.batch, heads=case.heads,
-               causal=case.causal, ms=None, tflops=None, peak_mib=None, first_ms=None, host_us=None, status=OK,
+               causal=case.causal, ms=None, tflops=None, peak_mib=None, first_ms=None, host_us=None, device_ms=None,
+               status=OK,
                detail="")
     row["pass"] = pass_
     outcome, caught = None, []
@@ -197,6 +205,9 @@ def measure_pass(impl: AttentionImpl, case: Case, pass_: str, device, *, warmup_
                 run()
             ms = measure.median_ms(run, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grads)
             row["host_us"] = measure.host_us_per_call(run, device, grad_to_none=grads)
+            if device_time and row["host_us"] is not None:
+                row["device_ms"] = measure.device_ms_held_behind(run, device, host_us=row["host_us"],
+                                                                 grad_to_none=grads)
         row.update(ms=ms, tflops=case.flops(pass_) / (ms * 1e-3) / 1e12, peak_mib=peak.mib)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row, the sweep goes on
         outcome = Outcome("not offered", str(exc)) if isinstance(exc, NotOffered) else Outcome.of(exc)
@@ -226,7 +237,7 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
           passes: Sequence[str] = PASSES, *, device="cpu", batch: int = 1, heads: int = 1,
           masks: Sequence[str] = ("causal",),
           time_budget_s: float | None = None, target: str | None = None, warmup_ms: float = 25.0,
-          rep_ms: float = 100.0, rounds: int = 1, log=print) -> SweepResult:
+          rep_ms: float = 100.0, rounds: int = 1, device_time: bool = False, log=print) -> SweepResult:
     """Every (dtype, d, seq, impl, pass), smallest sequences first, until the budget runs out.
 
     ``rounds`` > 1: each case measures every implementation once a round, the rounds one after
@@ -258,7 +269,8 @@ def sweep(seqs: Sequence[int], dims: Sequence[int], dtypes: Sequence[str], impls
         by_key: dict = {}
         for order in round_orders([(impl, pass_) for impl in impls for pass_ in passes], rounds, seed=index):
             for impl, pass_ in order:
-                row = measure_pass(impl, case, pass_, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+                row = measure_pass(impl, case, pass_, device, warmup_ms=warmup_ms, rep_ms=rep_ms,
+                                   device_time=device_time)
                 by_key.setdefault((impl.name, pass_), []).append(row)
         for impl in impls:
             label = f"{impl.name} {_case_label(case)}"
@@ -295,17 +307,23 @@ def _case_label(case: Case) -> str:
 
 
 def _median_of_rounds(rows: list[dict]) -> dict:
-    """One row from a pass's rounds: the median time and host time, the largest peak; the
-    first round's first-call time (the one that compiled)."""
+    """One row from a pass's rounds: the median time, host time and device time (each round's
+    kept in ``*_rounds``), the largest peak; the first round's first-call time (the one that
+    compiled)."""
     row = dict(rows[0])
     ok = [r for r in rows if r["ms"] is not None]
     if len(rows) > 1:
         row["ms_rounds"] = [r["ms"] for r in rows]
+        for reading in ("host_us", "device_ms"):
+            if all(r.get(reading) is not None for r in rows):
+                row[f"{reading}_rounds"] = [r[reading] for r in rows]
     if ok and len(ok) == len(rows):
         row["ms"] = statistics.median(r["ms"] for r in ok)
         row["tflops"] = statistics.median(r["tflops"] for r in ok)
         hosts = [r["host_us"] for r in ok if r.get("host_us") is not None]
         row["host_us"] = statistics.median(hosts) if hosts else None
+        devices = [r["device_ms"] for r in ok if r.get("device_ms") is not None]
+        row["device_ms"] = statistics.median(devices) if devices else None
         peaks = [r["peak_mib"] for r in ok if r.get("peak_mib") is not None]
         row["peak_mib"] = max(peaks) if peaks else None
     elif ok:  # some rounds failed: the row is the failure (a flaky case is not a time)
@@ -339,6 +357,10 @@ def markdown_sections(result: SweepResult, impl_order: Sequence[str] | None = No
          pivot_markdown(result.rows, index, "impl", "ms", impl_order)),
         ("Host time per call (us: issuing the pass, no synchronisation; above the GPU time means launch-bound)",
          pivot_markdown(result.rows, index, "impl", "host_us", impl_order)),
+        *([("Device time per call (ms, median: the GPU held behind the host by a sleep after the flush, so "
+            "the events time the kernels, not the issue; --device-time)",
+            pivot_markdown(result.rows, index, "impl", "device_ms", impl_order))]
+          if any(r.get("device_ms") is not None for r in result.rows) else []),
         ("Attention peak memory (MiB, torch.cuda.max_memory_allocated)",
          pivot_markdown(result.rows, index, "impl", "peak_mib", impl_order)),
         ("First call (ms: compilation, autotuning and tracing included; not in the medians)",
@@ -441,6 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure every implementation once a round, this many rounds; rows are medians")
     parser.add_argument("--time-budget-s", type=float, default=None, help="stop between cases after this long")
+    parser.add_argument("--device-time", action="store_true",
+                        help="also each pass's device time with the GPU held behind the host (CUDA; column device_ms)")
     parser.add_argument("--target", default=None, help="implementation under test for triton/pytorch (default impl)")
     parser.add_argument("--out", default="perf-out", help="folder for the tables and plots")
     parser.add_argument("--no-plots", action="store_true")
@@ -456,13 +480,14 @@ def main(argv: Sequence[str] | None = None) -> SweepResult:
     dims, dtypes, impls = opts.dims or defaults["dims"], opts.dtypes or defaults["dtypes"], opts.impls or defaults["impls"]
     meta = dict(measure.device_description(device), seqs=seqs, dims=dims, dtypes=dtypes, impls=impls,
                 passes=opts.passes, batch=opts.batch, heads=opts.heads, masks=opts.masks, rounds=opts.rounds,
+                device_time=opts.device_time,
                 timing="triton.testing.do_bench median" if device.type == "cuda" else "perf_counter median",
                 target=opts.target or "impl")
     print(f"attention sweep on {meta.get('gpu', device)}: seq {seqs}, d {dims}, {dtypes}, {impls}, {opts.passes}")
     result = sweep(seqs, dims, dtypes, impls, opts.passes, device=device, batch=opts.batch, heads=opts.heads,
                    masks=opts.masks,
                    time_budget_s=opts.time_budget_s, target=opts.target, warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms,
-                   rounds=opts.rounds)
+                   rounds=opts.rounds, device_time=opts.device_time)
     paths = write_outputs(result, opts.out, meta, plots=not opts.no_plots, impl_order=impls)
     print((Path(opts.out) / "attention.md").read_text())
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -10,6 +10,10 @@ Timing
     repetition given in milliseconds); on the CPU a perf_counter loop with the same
     meaning, so the sweep runs anywhere.
 
+    ``device_ms_held_behind(fn, device, host_us=...)``: the median device time of one call
+    with the GPU held behind the host by a sleep after the flush, so that a call whose host
+    time exceeds the flush is still timed by its kernels (do_bench reads whichever ends last).
+
 Kernels
     ``kernel_us_per_call(fn, calls)``: device time per call of each CUDA kernel ``fn``
     launches (torch.profiler, after one untimed call), microseconds by kernel name.
@@ -29,6 +33,7 @@ Out of memory
 
 from __future__ import annotations
 
+import functools
 import gc
 import statistics
 import time
@@ -184,6 +189,53 @@ def host_us_per_call(fn: Callable[[], object], device, *, calls: int = 20,
     host = (time.perf_counter() - start) / calls * 1e6
     torch.cuda.synchronize(device)
     return host
+
+
+# The GPU is held behind the host by a sleep this many times the call's host time (at least
+# MIN_HOLD_US): the host's issue of one call then ends before the GPU reaches its start event.
+HOLD_FACTOR = 3.0
+MIN_HOLD_US = 40.0
+
+
+@functools.lru_cache(maxsize=None)
+def _sleep_cycles_per_us(device_index: int) -> float:
+    """``torch.cuda._sleep``'s cycles per microsecond on this GPU, timed once with events."""
+    with torch.cuda.device(device_index):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000)  # the first call loads the kernel
+        start.record()
+        torch.cuda._sleep(2_000_000)
+        end.record()
+        torch.cuda.synchronize()
+        return 2_000_000 / (start.elapsed_time(end) * 1e3)
+
+
+def device_ms_held_behind(fn: Callable[[], object], device, *, host_us: float, reps: int = 30,
+                          grad_to_none: Sequence[torch.Tensor] | None = None) -> float | None:
+    """Median milliseconds of device time of one call, with the GPU held behind the host, so
+    that the events time the call's kernels and not its issue.  Before each call, as do_bench:
+    the L2 flushed; then a GPU sleep of HOLD_FACTOR x ``host_us`` (the call's host time,
+    ``host_us_per_call``; at least MIN_HOLD_US), during which the host issues the whole call.
+    Where a call's host time exceeds the flush, do_bench's reading is whichever of the two ends
+    last, not the kernels.  None on the CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    from triton.runtime import driver
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cycles = int(max(MIN_HOLD_US, HOLD_FACTOR * host_us) * _sleep_cycles_per_us(index))
+    cache = driver.active.get_empty_cache_for_benchmark()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        _clear_grads(grad_to_none)
+        driver.active.clear_cache(cache)
+        torch.cuda._sleep(cycles)
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 class Deadline:

@@ -58,10 +58,12 @@ step sweep "${SWEEP_S:-200}" python -m perf.bench.attention "${common[@]}" --imp
 # The short points (N 128-2048, where the host decides much of a call) in many short rounds, beside SDPA
 # flash against a copy of itself (sdpa_flash@2: the instrument's noise floor), each point read by the median
 # of its rounds' ratios (attention_vs_flash.py --paired): about 120 s on an H200, where the null read 29 of
-# 60 with its ratios within 1.07 (perf/results/2026-11-29-h200-paired-sweep-and-gate).
-step sweep_short "${SWEEP_SHORT_S:-200}" python -m perf.bench.attention --device cuda --dtypes bf16 \
+# 60 with its ratios within 1.07 (perf/results/2026-11-29-h200-paired-sweep-and-gate).  There a call's host
+# time can exceed do_bench's flush, and do_bench then reads whichever ends last; so each pass's device time
+# with the GPU held behind (--device-time) and its host time are read apart too (--reading device, host).
+step sweep_short "${SWEEP_SHORT_S:-300}" python -m perf.bench.attention --device cuda --dtypes bf16 \
     --impls gluon gluon_model sdpa_flash sdpa_flash@2 --rounds 21 --no-plots --seq 128:2048 --dims 64 128 \
-    --masks causal full --warmup-ms 2 --rep-ms 4 --time-budget-s 180 --out "$S/sweep_short"
+    --masks causal full --warmup-ms 2 --rep-ms 4 --device-time --time-budget-s 270 --out "$S/sweep_short"
 # The GPT step (small, B4, bf16) with SDPA and with our kernel: eager, graphed, compiled, compiled and graphed
 # (perf/results/2026-11-28-h200-gluon-graphed-step: about 150 s on an H200, compiling included).
 step model "${MODEL_S:-300}" python -m perf.bench.model --device cuda --sizes small --attention sdpa gluon --precision bf16 \
@@ -85,8 +87,10 @@ for impl in gluon gluon_model; do
   [ -f "$S/sweep/attention.json" ] && python perf/scripts/attention_vs_flash.py "$S/sweep/attention.json" --impl $impl > "$S/${impl}_vs_flash.md" 2>&1
 done
 for impl in gluon gluon_model sdpa_flash@2; do
-  [ -f "$S/sweep_short/attention.json" ] && python perf/scripts/attention_vs_flash.py "$S/sweep_short/attention.json" \
-      --impl $impl --paired > "$S/short_${impl/@/_at_}_paired.md" 2>&1
+  for reading in time device host; do
+    [ -f "$S/sweep_short/attention.json" ] && python perf/scripts/attention_vs_flash.py "$S/sweep_short/attention.json" \
+        --impl $impl --paired --reading $reading > "$S/short_${impl/@/_at_}_${reading}_paired.md" 2>&1
+  done
 done
 cat "$OUT/summary.txt"; tail -3 "$S/gluon_vs_flash.md" "$S/gluon_model_vs_flash.md" "$S"/short_*_paired.md 2>/dev/null
 # what comes back from a device is limited in files: the tables travel as one archive

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from perf.scripts.attention_vs_flash import compare, largest_ratios
@@ -50,3 +52,22 @@ def test_a_paired_point_is_read_by_the_median_of_its_rounds_ratios_not_the_ratio
     with pytest.raises(ValueError, match="paired ratio needs both rows' rounds"):
         compare([_row("gluon", 128, "forward", 1.0), _row("sdpa_flash", 128, "forward", 1.0)], "gluon", "sdpa_flash",
                 paired=True)
+
+
+def test_a_point_is_read_on_the_reading_asked_for_and_rows_without_it_are_not_compared():
+    # do_bench's time loses (a slow host's issue read by the events), the device time with the GPU
+    # held behind wins, and the host time per call wins; a peer row with no device time is not compared
+    ours = dict(_row("gluon", 256, "forward", 0.015), device_ms=0.010, host_us=25.0,
+                ms_rounds=[0.015, 0.016], device_ms_rounds=[0.010, 0.011], host_us_rounds=[25.0, 30.0])
+    peer = dict(_row("sdpa_flash", 256, "forward", 0.011), device_ms=0.012, host_us=45.0,
+                ms_rounds=[0.011, 0.011], device_ms_rounds=[0.012, 0.012], host_us_rounds=[45.0, 40.0])
+    no_device = dict(_row("sdpa_flash", 512, "forward", 0.02), device_ms=None, host_us=40.0, host_us_rounds=[40.0, 40.0])
+    mine = dict(_row("gluon", 512, "forward", 0.01), device_ms=0.01, host_us=20.0, host_us_rounds=[20.0, 20.0])
+    rows = [ours, peer, no_device, mine]
+    assert compare(rows, "gluon", "sdpa_flash")[1]["forward"][:2] == [1, 2]  # 256 lost, 512 won
+    lines, by_device = compare(rows, "gluon", "sdpa_flash", reading="device")
+    assert by_device["forward"][:2] == [1, 1] and "| causal | 64 | 256 | 0.010 / 0.012 ** | - | - |" in lines
+    assert compare(rows, "gluon", "sdpa_flash", paired=True, reading="host")[1]["forward"][:2] == [2, 2]
+    assert abs(largest_ratios(rows, "gluon", "sdpa_flash", paired=True, reading="device")["forward"][0]
+               - statistics.median([0.010 / 0.012, 0.011 / 0.012])) < 1e-12
+    assert "forward (gluon / sdpa_flash, us, host)" in compare(rows, "gluon", "sdpa_flash", reading="host")[0][0]

@@ -5,6 +5,7 @@ import argparse
 import gzip
 import json
 import pickle
+import time
 
 import pytest
 import torch
@@ -385,3 +386,55 @@ def test_a_copy_of_an_implementation_is_timed_under_its_own_name(device):
     assert bench_attention.impl_name("sdpa_flash@2") == "sdpa_flash@2"
     with pytest.raises(argparse.ArgumentTypeError, match="unknown attention implementation 'flash3@2'"):
         bench_attention.impl_name("flash3@2")
+
+
+def test_device_time_is_measured_only_when_asked_and_kept_round_by_round(device, tmp_path):
+    """``--device-time`` adds each pass's device time with the GPU held behind the host (CUDA
+    only: None on the CPU, and no table for it), its rounds kept for a paired reading, as the
+    host time's are."""
+    asked = bench_attention.main(["--device", device.type, "--seq", "16", "--dims", "16", "--dtypes", "fp32",
+                                  "--impls", "eager", "--passes", "forward", "--rep-ms", "2", "--warmup-ms", "1",
+                                  "--rounds", "2", "--device-time", "--no-plots", "--out", str(tmp_path / "a")])
+    plain = bench_attention.sweep([16], [16], ["fp32"], ["eager"], ["forward"], device=device, **TINY)
+    md = (tmp_path / "a" / "attention.md").read_text()
+    assert all(r["device_ms"] is None for r in plain.rows)
+    (row,) = asked.rows
+    if device.type == "cuda":
+        assert row["device_ms"] > 0 and len(row["device_ms_rounds"]) == 2 and len(row["host_us_rounds"]) == 2
+        assert "Device time per call" in md
+    else:
+        assert row["device_ms"] is None and "device_ms_rounds" not in row and "Device time per call" not in md
+        assert measure.device_ms_held_behind(lambda: None, device, host_us=1.0) is None
+
+
+def test_a_row_of_rounds_keeps_each_reading_of_every_round_and_their_medians():
+    rounds = [dict(impl="ours", ms=ms, tflops=1.0, host_us=host, device_ms=dev, peak_mib=1.0, status="ok")
+              for ms, host, dev in ((0.3, 40.0, 0.010), (0.1, 20.0, 0.012), (0.2, 30.0, 0.011))]
+    row = bench_attention._median_of_rounds(rounds)
+    assert (row["ms"], row["host_us"], row["device_ms"]) == (0.2, 30.0, 0.011)
+    assert row["ms_rounds"] == [0.3, 0.1, 0.2] and row["host_us_rounds"] == [40.0, 20.0, 30.0]
+    assert row["device_ms_rounds"] == [0.010, 0.012, 0.011]
+    without = bench_attention._median_of_rounds([dict(r, device_ms=None) for r in rounds])
+    assert without["device_ms"] is None and "device_ms_rounds" not in without
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: device time apart from host time")
+def test_device_time_held_behind_reads_the_kernels_not_a_slow_hosts_issue(monkeypatch):
+    """A call whose host spends 300 us before launching a tiny kernel: with the GPU held behind,
+    its device time is the kernel's (well under 300 us); with no hold, the events would time the
+    host's wait too, which is what this reading exists to leave out."""
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_host_call():
+        end = time.perf_counter() + 300e-6
+        while time.perf_counter() < end:
+            pass
+        x.add_(1)
+
+    host = measure.host_us_per_call(slow_host_call, "cuda")
+    assert host >= 300
+    held = measure.device_ms_held_behind(slow_host_call, "cuda", host_us=host)
+    monkeypatch.setattr(measure, "HOLD_FACTOR", 0.0)
+    monkeypatch.setattr(measure, "MIN_HOLD_US", 0.0)
+    unheld = measure.device_ms_held_behind(slow_host_call, "cuda", host_us=host)
+    assert held < 0.1 and unheld > 0.15, (held, unheld)
