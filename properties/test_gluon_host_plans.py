@@ -138,7 +138,7 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
         rows = cfg.block_n if name == "_flash_bwd_dkdv_kernel" else cfg.block_m
         tiles = triton.cdiv(n_k if name == "_flash_bwd_dkdv_kernel" else n_q, rows)
         if name == "_flash_fwd_kernel":  # persistent: at most a program an SM, each walking work items
-            splits = fg._forward_splits(bh * tiles, triton.cdiv(n_k, cfg.block_n), q.device)
+            splits = fg._forward_splits(bh * tiles, triton.cdiv(n_k, cfg.block_n), q.device, head_dim=d)
             assert tuple(grid) == (fg._forward_programs(bh * tiles * splits, causal, True, q.device), 1, 1), name
             assert args["n_bh"] == bh and args["n_splits"] == splits and args["SPLIT"] == (splits > 1), name
             # every key tile in exactly one split
@@ -210,9 +210,12 @@ def test_forward_splits_the_keys_only_where_query_tiles_leave_sms_idle():
     assert fg._forward_splits(programs // 2 + 1, 512, cpu) == 1
     assert fg._forward_splits(1, 1, cpu) == 1  # one key tile: nothing to split
     assert fg._forward_splits(1, 3, cpu) == 2  # three key tiles: four splits would leave one none
-    assert fg._forward_splits(2, 2, cpu) == 2  # B1 H1 N 256: a key tile a split
+    assert fg._forward_splits(2, 2, cpu) == 2  # B1 H1 N 256, no head dim given: a key tile a split
     assert fg._forward_splits(32, 32, cpu) == 4  # B1 H1 N4096 d64 (128-row tiles): 128 programs
     assert fg._forward_splits(8, 8, cpu) == 8  # N 1024: 64 programs, a key tile each
+    # d 64 splits only from four key tiles (MIN_KEY_TILES_TO_SPLIT): N 256 and 384 run unsplit, one launch
+    assert fg._forward_splits(2, 2, cpu, head_dim=64) == 1 and fg._forward_splits(3, 3, cpu, head_dim=64) == 1
+    assert fg._forward_splits(4, 4, cpu, head_dim=64) == 4 and fg._forward_splits(2, 2, cpu, head_dim=128) == 2
     for items in (1, 5, 17, 40, 70):
         for key_tiles in (1, 2, 7, 64, 513):
             splits = fg._forward_splits(items, key_tiles, cpu)
@@ -246,7 +249,7 @@ def test_split_forward_combine_is_a_waiting_programmatic_dependent_only_beside_i
         num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion))  # as on a GPU
     sms = fg._resident_programs(torch.device("cpu"))
     plans = {}
-    for n in (256, 1000, 2048, 4096):
+    for n in (512, 1000, 2048, 4096):
         q, k, v = _inputs((1, 1, n, 64), n, False)
         plans[n] = plan = fg._forward_plan(q, k, v, False, None, mutant)[0]
         splits = plan.launch.rest[-2]  # the launch's scalars end (..., n_splits, chunk)
@@ -254,7 +257,7 @@ def test_split_forward_combine_is_a_waiting_programmatic_dependent_only_beside_i
         assert plan.combine.options["launch_pdl"] is (2 * plan.launch.grid[0] <= sms), (n, plan.launch.grid)
         assert plan.launch.direct_ok and plan.combine.direct_ok, n  # constexprs last, in signature order
     early = [n for n, plan in plans.items() if plan.combine.options["launch_pdl"]]
-    assert early == [256, 1000]  # both sides of the rule drawn: 4 and 64 programs early, 128 plain
+    assert early == [512, 1000]  # both sides of the rule drawn: 16 and 64 programs early, 128 plain
     assert _early_combines_that_do_not_wait(plans) == (early if mutant else [])
 
 

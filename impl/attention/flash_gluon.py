@@ -41,7 +41,7 @@ Schedule
     across items).  Causal grids whose heads run in groups get one program an item instead
     (_forward_programs: static rounds would not balance their items).  Grids whose query
     tiles leave SMs idle (batch 1, one head: CS336's sweep) cut each tile's keys into splits
-    (_forward_splits); a split stores its unnormalised acc, running max and sum in float32,
+    (_forward_splits; at d 64 from four key tiles, MIN_KEY_TILES_TO_SPLIT); a split stores its unnormalised acc, running max and sum in float32,
     and the Triton flavour's combine kernel merges them into O and L (launched as the forward's
     programmatic dependent where the forward leaves half the SMs idle).  Per key
     tile j a consumer issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, both asynchronous;
@@ -1073,16 +1073,27 @@ COMBINE_ROWS = 16
 # SMs idle or more.  On a grid of 128 programs it cost 0.8-1.0 us (its programs then wait beside
 # the forward's), so there it is launched plainly.
 COMBINE_PDL = True
+# Fewest key tiles a query tile must see for its keys to be split, by head dim.  A split costs
+# the host a second launch and two scratch allocations; at d 64 a program walks 2-3 key tiles in
+# about the time of the launch, so splitting them gains no device time: at B1 H1 N 256 one split
+# and two were level (10.40 and 10.45 us, do_bench), while the split's host time was 34.5 us
+# against flash's unsplit 24.0 (paired, 21 rounds), the sweep's only short misses on the host
+# (perf/results/2026-11-29-h200-tier-at-head-and-split-mutant).  At d 128 a key tile takes twice
+# as long, and at N 256 the unsplit causal kernel took 10.1 us against 7.1 + 1.5 split.
+MIN_KEY_TILES_TO_SPLIT = {64: 4, 128: 2}
 
 
-def _forward_splits(items: int, key_tiles: int, device: torch.device) -> int:
+def _forward_splits(items: int, key_tiles: int, device: torch.device, head_dim: int | None = None) -> int:
     """Into how many splits the forward cuts each query tile's keys (split-KV): the largest
     power of two that keeps items x splits within a program an SM and each split at least
-    MIN_SPLIT_TILES key tiles; 1 (no split) on a grid that fills the GPU.  At batch 1 and one
-    head (CS336's sweep), N 4096 gives 32 query tiles for 132 SMs, and each program's key
-    loop is the whole time: SDPA flash splits such grids and ran 23 us against our 40 on an
-    H100 (perf/scripts/gluon_small_grids.py)."""
+    MIN_SPLIT_TILES key tiles; 1 (no split) on a grid that fills the GPU, or with fewer key
+    tiles than MIN_KEY_TILES_TO_SPLIT gives the head dim.  At batch 1 and one head (CS336's
+    sweep), N 4096 gives 32 query tiles for 132 SMs, and each program's key loop is the whole
+    time: SDPA flash splits such grids and ran 23 us against our 40 on an H100
+    (perf/scripts/gluon_small_grids.py)."""
     splits, programs = 1, _resident_programs(device)
+    if key_tiles < MIN_KEY_TILES_TO_SPLIT.get(head_dim, 2):
+        return splits
     while items * splits * 2 <= programs and key_tiles // (splits * 2) >= MIN_SPLIT_TILES:
         splits *= 2
     return splits
@@ -1228,8 +1239,8 @@ class _ForwardPlan(_Pass):
         # A causal split that has keys starts at or before its query tile's first row only where
         # a key tile is a whole number of query tiles (128 and 128 in the table); otherwise a row
         # could see no key of a split, and its running max stay -inf (NaN sums).  So no split there.
-        splits = (_forward_splits(items, key_tiles, q.device) if not self.is_causal or cfg.block_n % cfg.block_m == 0
-                  else 1)
+        splits = (_forward_splits(items, key_tiles, q.device, head_dim=d)
+                  if not self.is_causal or cfg.block_n % cfg.block_m == 0 else 1)
         self.launch = _launch(
             _flash_fwd_kernel, (_forward_programs(items * splits, self.is_causal, group == B * H, q.device),),
             (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4_strides[:3], B * H, group, splits,

@@ -51,7 +51,7 @@ def forced(splits, pdl, measure):
     """``measure()`` with every new forward plan cut into ``splits`` splits, its combine
     launched as the forward's programmatic dependent or not (``pdl``)."""
     heuristic, pdl_default = fg._forward_splits, fg.COMBINE_PDL
-    fg._forward_splits = lambda items, key_tiles, device: splits
+    fg._forward_splits = lambda items, key_tiles, device, head_dim=None: splits
     fg.COMBINE_PDL = pdl
     fg._PLANS.clear()
     try:
@@ -123,7 +123,7 @@ def main():
                 cfg = fg.FORWARD_CONFIGS[d]
                 key_tiles = triton.cdiv(n, cfg.block_n)
                 items = triton.cdiv(n, cfg.block_m)
-                picked = fg._forward_splits(items, key_tiles, q.device)
+                picked = fg._forward_splits(items, key_tiles, q.device, head_dim=d)
                 if causal and cfg.block_n % cfg.block_m:
                     picked = 1
                 here = [(c, pdl) for c, pdl in variants

@@ -66,7 +66,7 @@ def forced_split(mutant):
                 for asked, pdl in ((None, True), (None, False), (1, True), (2, False), (2, True)):
                     if asked == 2 and pdl and n > 256:
                         continue
-                    fg._forward_splits = heuristic if asked is None else (lambda items, tiles, device, s=asked: s)
+                    fg._forward_splits = heuristic if asked is None else (lambda items, tiles, device, head_dim=None, s=asked: s)
                     fg.COMBINE_PDL = pdl
                     fg._PLANS.clear()
                     q, k, v = inputs(batch, n, d)

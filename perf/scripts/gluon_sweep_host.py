@@ -89,7 +89,7 @@ def run(args):
             table = variants(q, k, v, do, causal)
             splits = fg._forward_splits
             for name, fn in table.items():
-                fg._forward_splits = (lambda items, key_tiles, device: 1) if "1 launch" in name else splits
+                fg._forward_splits = (lambda items, key_tiles, device, head_dim=None: 1) if "1 launch" in name else splits
                 fn()  # builds the plans: the "1 launch" ones unsplit
             fg._forward_splits = splits
             host = {name: [] for name in table}
