@@ -1064,7 +1064,8 @@ def _forward_programs(items: int, causal: bool, all_heads_one_group: bool, devic
 # (d 64), 13.6-14.4 against 16.5 (d 128).  Splits of one key tile (perf/scripts/
 # gluon_forward_splits.py --kernels, the combine unrolled): the forward and combine kernels take
 # 0.6-2.2 us less than two-tile splits at N 512 and 1024, and at N 256 two splits take 0.7-1.3 us
-# less than none, which the combine's launch as a programmatic dependent no longer gives back.
+# less than none, which the combine's launch as a programmatic dependent no longer gives back
+# (kernels only: what a split costs the host is weighed in MIN_KEY_TILES_TO_SPLIT).
 MIN_SPLIT_TILES = 1
 COMBINE_ROWS = 16
 # The combine launched as the forward's programmatic dependent (launch_pdl): the forward lets it
