@@ -393,10 +393,11 @@ GLUON_SPECS = (
 )
 # Shows only where a program's keys span several tiles.  The forward cuts a short grid's keys into
 # splits, down to one key tile a split (_forward_splits).  Of the contract's shapes (up to four
-# batch elements, lengths up to 1024) only three or four batch elements of length 1024 give a
-# program two key tiles: a few draws in a hundred, and the contract law passed the mutant in one
-# GPU run (2026-11-29).  The wider law's boundary cases (40 heads of a thousand keys: no split,
-# eight key tiles a program) show it every run, so it alone is named.
+# batch elements, lengths up to 1024) only three or four batch elements of length 1024, and d 64 at
+# length 256 (unsplit since MIN_KEY_TILES_TO_SPLIT), give a program two key tiles: a few draws in a
+# hundred, and the contract law passed the mutant in one GPU run (2026-11-29).  The wider law's
+# boundary cases (40 heads of a thousand keys: no split, eight key tiles a program) show it every
+# run, so it alone is named.
 GLUON_MULTI_TILE_SPECS = (
     ("rescale_skipped",
      "impl's Gluon forward does not rescale the running output by exp(m_old - m_new) when the row maximum moves "
