@@ -41,8 +41,9 @@ Schedule
     across items).  Causal grids whose heads run in groups get one program an item instead
     (_forward_programs: static rounds would not balance their items).  Grids whose query
     tiles leave SMs idle (batch 1, one head: CS336's sweep) cut each tile's keys into splits
-    (_forward_splits; at d 64 from four key tiles, MIN_KEY_TILES_TO_SPLIT); a split stores its unnormalised acc, running max and sum in float32,
-    and the Triton flavour's combine kernel merges them into O and L (launched as the forward's
+    (_forward_splits; at d 64 from four key tiles, MIN_KEY_TILES_TO_SPLIT); a split stores its
+    unnormalised acc, running max and sum in float32, and the Triton flavour's combine kernel
+    merges them into O and L (launched as the forward's
     programmatic dependent where the forward leaves half the SMs idle).  Per key
     tile j a consumer issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, both asynchronous;
     waits for S_j alone, frees K_j's slot, runs the softmax of tile j while the P V product
@@ -1078,8 +1079,8 @@ COMBINE_PDL = True
 # the host a second launch and two scratch allocations; at d 64 a program walks 2-3 key tiles in
 # about the time of the launch, so splitting them gains no device time: at B1 H1 N 256 one split
 # and two were level (10.40 and 10.45 us, do_bench), while the split's host time was 34.5 us
-# against flash's unsplit 24.0 (paired, 21 rounds), the sweep's only short misses on the host
-# (perf/results/2026-11-29-h200-tier-at-head-and-split-mutant).  At d 128 a key tile takes twice
+# against flash's unsplit 24.0 (medians of 21 rounds; 1.11 x paired), the sweep's only short
+# misses on the host (perf/results/2026-11-29-h200-tier-at-head-and-split-mutant).  At d 128 a key tile takes twice
 # as long, and at N 256 the unsplit causal kernel took 10.1 us against 7.1 + 1.5 split.
 MIN_KEY_TILES_TO_SPLIT = {64: 4, 128: 2}
 
