@@ -4,8 +4,9 @@ protocol's Function (``gluon``) and SDPA flash, in 9 rounds whose order rotates:
 
 - do_bench's median as the sweep takes it (L2 flushed before each call, 2 ms warm-up, 4 ms);
 - host microseconds per call (200 calls, no synchronisation inside the loop);
-- device microseconds with the GPU kept behind the host: the flush and a 40 us sleep before
-  each call's start event, so that the events time the kernels and not the host's issue;
+- device microseconds with the GPU held behind the host (``measure.device_ms_held_behind``: the
+  flush and a GPU sleep of three times the call's host time before each start event), so that
+  the events time the kernels and not the host's issue;
 
 and how many of 100 further calls took the forward plan's Python path (0: the bound C++ pass).
 Where do_bench's reading sits above the device time, the host's issue decided it.
@@ -18,41 +19,15 @@ from __future__ import annotations
 import statistics
 
 import torch
-import torch.nn.functional as F
 import triton
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from impl.attention import flash_gluon as fg
-from impl.attention.custom_ops import attention
-from perf.lib.measure import host_us_per_call, median_ms
+from perf.bench.attention import make_impl
+from perf.lib.measure import device_ms_held_behind, host_us_per_call, median_ms
 from perf.lib.workloads import cuda_attention_inputs
 
 ROUNDS = 9
-SLEEP_CYCLES = 80_000  # about 40 us at the H200's clock: longer than any call's host issue here
-
-
-def sdpa_flash(q, k, v, causal):
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-
-IMPLS = {"gluon_model": lambda q, k, v, causal: attention(q, k, v, causal, "gluon"),
-         "gluon": lambda q, k, v, causal: fg.FlashAttentionGluon.apply(q, k, v, causal),
-         "sdpa_flash": sdpa_flash}
-
-
-def device_us_behind(fn, reps: int = 200) -> float:
-    """Median event time of fn with the GPU kept behind the host (flush, then a sleep)."""
-    cache = triton.runtime.driver.active.get_empty_cache_for_benchmark()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        cache.zero_()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
+IMPLS = ("gluon_model", "gluon", "sdpa_flash")  # perf.bench.attention's implementations of those names
 
 
 def main() -> None:
@@ -65,6 +40,7 @@ def main() -> None:
         return python_path(self, *args)
 
     fg._ForwardPlan.__call__ = counted
+    impls = {name: make_impl(name) for name in IMPLS}
     names = list(IMPLS)
     print("| mask | d | N | impl | do_bench us (median of rounds) | host us/call | device us (GPU behind) "
           "| plan-path calls of 100 |")
@@ -76,16 +52,19 @@ def main() -> None:
                 readings = {name: ([], [], []) for name in names}
                 for r in range(ROUNDS):
                     for name in names[r % 3:] + names[:r % 3]:
-                        fn = lambda f=IMPLS[name]: f(q, k, v, causal)  # noqa: E731
-                        fn()
+                        fn = lambda f=impls[name].fn: f(q, k, v, causal)  # noqa: E731
                         bench, host, device = readings[name]
-                        bench.append(median_ms(fn, "cuda", warmup_ms=2, rep_ms=4, grad_to_none=[q, k, v]) * 1e3)
-                        host.append(host_us_per_call(fn, "cuda", calls=200))
-                        device.append(device_us_behind(fn))
+                        with impls[name].context():
+                            fn()
+                            bench.append(median_ms(fn, "cuda", warmup_ms=2, rep_ms=4, grad_to_none=[q, k, v]) * 1e3)
+                            host.append(host_us_per_call(fn, "cuda", calls=200))
+                            device.append(device_ms_held_behind(fn, "cuda", host_us=host[-1], reps=200,
+                                                                grad_to_none=[q, k, v]) * 1e3)
                 for name in names:
                     plan_calls[0] = 0
-                    for _ in range(100):
-                        IMPLS[name](q, k, v, causal)
+                    with impls[name].context():
+                        for _ in range(100):
+                            impls[name].fn(q, k, v, causal)
                     torch.cuda.synchronize()
                     bench, host, device = (statistics.median(x) for x in readings[name])
                     print(f"| {'causal' if causal else 'full'} | {d} | {n} | {name} | {bench:.2f} | {host:.2f} "
