@@ -10,7 +10,7 @@ OUT=${OUT:-gpu-out}
 S=$OUT/tables
 mkdir -p "$S"
 { nvidia-smi -L; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"; } > "$OUT/device.txt" 2>&1
-STEPS=${STEPS:-probe laws laws_kernels leaderboard b4h16 sweep sweep_short model step_native}
+STEPS=${STEPS:-probe laws laws_kernels leaderboard b4h16 power sweep sweep_short model step_native}
 # A Gluon mutant whose barrier waits on a phase that never comes hangs its child: declared hung after
 # 40 s without a call starting (compiling not counted), as in the gate; at the default 150 s its two runs
 # were the tier's longest tests (195 and 160 s; at 40 s, 53 and 14 s, and the controls still pass:
@@ -51,6 +51,12 @@ step leaderboard 90 python -m perf.bench.attention "${common[@]}" --seq 16384 --
     --batch 1 --heads 16 --out "$S/leaderboard"
 step b4h16 90 python -m perf.bench.attention "${common[@]}" --seq 4096 --dims 128 --masks full \
     --batch 4 --heads 16 --out "$S/b4h16"
+# The two goal shapes again, each implementation's pass back to back for seconds at a time, beside the
+# SM clock and board power (perf/scripts/attention_power.py): on an H200 these shapes run at the 700 W
+# cap, where the clock (so the time) follows a pass's energy; the short blocks above read the d 128
+# forward 6-9 % apart from the cap's 1.3 % (perf/results/2026-11-29-h200-power-cap-and-l2-traffic).
+step power "${POWER_S:-180}" bash -c "python perf/scripts/attention_power.py --seconds 3 --repeats 2 > '$S/power_b4h16.md' \
+    && python perf/scripts/attention_power.py --shape 1 16 16384 64 --causal --seconds 2 --repeats 2 > '$S/power_leaderboard.md'"
 # the sweep also times the model's call (gluon_model: custom_ops.attention, through the C++ autograd node)
 step sweep "${SWEEP_S:-200}" python -m perf.bench.attention "${common[@]}" --impls gluon gluon_model triton sdpa_flash sdpa_cudnn \
     --seq 128:65536 --dims 64 128 --masks causal full \
