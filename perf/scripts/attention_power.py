@@ -78,7 +78,7 @@ def window_means(samples: list[tuple[float, list[str]]], start: float, end: floa
 def steady(fn, seconds: float, grads) -> tuple[float, float, float, float]:
     """Runs fn back to back for ``seconds``; returns (us per call over the last two thirds, us per
     call over the first 20 calls, the window's start and end on the monotonic clock)."""
-    marks = []  # (monotonic time, event) every 10 calls
+    marks = []  # (calls so far, an event recorded there) every 10 calls
     first = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     torch.cuda.synchronize()
     first[0].record()

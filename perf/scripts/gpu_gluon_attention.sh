@@ -53,8 +53,8 @@ step b4h16 90 python -m perf.bench.attention "${common[@]}" --seq 4096 --dims 12
     --batch 4 --heads 16 --out "$S/b4h16"
 # The two goal shapes again, each implementation's pass back to back for seconds at a time, beside the
 # SM clock and board power (perf/scripts/attention_power.py): on an H200 these shapes run at the 700 W
-# cap, where the clock (so the time) follows a pass's energy; the short blocks above read the d 128
-# forward 6-9 % apart from the cap's 1.3 % (perf/results/2026-11-29-h200-power-cap-and-l2-traffic).
+# cap, where the clock (so the time) follows a pass's energy: short do_bench blocks read our d 128
+# forward 6-9 % faster than cuDNN's, the cap 1.3-1.9 % slower (perf/results/2026-11-29-h200-power-cap-and-l2-traffic).
 step power "${POWER_S:-180}" bash -c "python perf/scripts/attention_power.py --seconds 3 --repeats 2 > '$S/power_b4h16.md' \
     && python perf/scripts/attention_power.py --shape 1 16 16384 64 --causal --seconds 2 --repeats 2 > '$S/power_leaderboard.md'"
 # the sweep also times the model's call (gluon_model: custom_ops.attention, through the C++ autograd node)
