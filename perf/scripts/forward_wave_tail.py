@@ -37,7 +37,7 @@ def main() -> None:
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
           "SMs", programs, flush=True)
     impls = {name: make_impl(name) for name in IMPLS}
-    print("| B | H | items | rounds | impl | forward us | us / round | us / item x 132 |")
+    print(f"| B | H | items | rounds | impl | forward us | us / round | us / item x {programs} |")
     print("|---:|---:|---:|---:|---|---:|---:|---:|")
     for batch, heads in SHAPES:
         q, k, v, _ = cuda_attention_inputs(batch, heads, N, D)
