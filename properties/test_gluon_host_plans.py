@@ -47,6 +47,7 @@ def _plan_of(d, causal):
 TRITON_HELPERS = ("_flash_fwd_combine_kernel", "_flash_bwd_preprocess_kernel", "_flash_bwd_dq_convert_kernel",
                   "_flash_bwd_one_launch_kernel")
 ONE_LAUNCH_CONFIGS = dict(fg.ONE_LAUNCH_CONFIGS)  # as the module was imported (the fixture below clears it)
+TRITON_FORWARD_KEYS = dict(fg.TRITON_FORWARD_KEYS)  # likewise
 
 
 class _Recorder:
@@ -82,8 +83,10 @@ def launches(monkeypatch):
         monkeypatch.setattr(flash_triton, name, _Recorder(getattr(flash_triton, name), helper_calls,
                                                           ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
     monkeypatch.setattr(fg, "_validate", lambda q, k, v, causal, scale: scale or q.shape[-1] ** -0.5)
-    # The Gluon kernels' backward at every grid (the one-launch backward on small ones has tests of its own)
+    # The Gluon kernels at every grid (the one-launch backward and the Triton forward on small ones
+    # have tests of their own)
     monkeypatch.setattr(fg, "ONE_LAUNCH_CONFIGS", {})
+    monkeypatch.setattr(fg, "TRITON_FORWARD_KEYS", {})
     monkeypatch.setattr(fg, "_PLANS", fg.PlanCache(16))
     monkeypatch.setattr(fg, "_plan", fg._PLANS.get)
     return calls
@@ -447,6 +450,56 @@ def test_small_grids_take_the_one_launch_backward_larger_ones_and_mutants_the_gl
         for param, t in (("Q", q), ("K", k), ("V", v), ("O", o), ("DO", grad_o), ("L", lse),
                          ("DQ", dq), ("DK", dk), ("DV", dv)):
             assert args[param].data_ptr() == t.data_ptr(), param
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_few_keys_on_small_grids_take_the_triton_forward_the_rest_and_mutants_the_gluon_kernel(launches, monkeypatch,
+                                                                                               causal):
+    """A forward over at most TRITON_FORWARD_KEYS[d] keys whose 128-row query tiles are at most
+    one an SM is one launch of the Triton flavour's forward kernel, as that flavour's own plan
+    launches it (its config, no split), with q, k, v, O and L at the call's addresses and O
+    laid out like q, in every layout (pointer loads: nothing copied).  One key more, one
+    batch-head more, another head dim, and a kept mutant of the Gluon kernels take the Gluon
+    kernel."""
+    from impl.attention import flash_triton
+
+    if not TRITON_FORWARD_KEYS:
+        pytest.skip("the Triton forward is switched off (LLM_SYSTEMS_GLUON_ONE_LAUNCH=0)")
+    helpers = []
+    monkeypatch.setattr(flash_triton, "_flash_fwd_kernel",
+                        _Recorder(flash_triton._flash_fwd_kernel, helpers,
+                                  ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
+    monkeypatch.setattr(fg, "TRITON_FORWARD_KEYS", TRITON_FORWARD_KEYS)
+    programs = fg._resident_programs(torch.device("cpu"))
+    for d, keys in TRITON_FORWARD_KEYS.items():
+        cases = [((1, 1, 100, d), keys, False, 0, True), ((programs, 128, d), keys, False, 0, True),
+                 ((2, 3, 128, d), keys, True, 0, True),  # stored (B, N, H, d): strides as they come
+                 ((6, 128, d), keys, "rows_off_16_bytes", 0, True),  # no TMA could read it: not copied either
+                 ((1, 1, 100, d), keys + 1, False, 0, False), ((programs + 1, 128, d), keys, False, 0, False),
+                 ((2, 64, 257, d), 64, False, 0, False),  # 3 query tiles of 128 heads: 384 programs
+                 ((1, 1, 100, d), keys, False, fg.MUTANTS["rescale_skipped"], False)]
+        for shape_q, n_k, layout, mutant, expect_triton in cases:
+            if layout == "rows_off_16_bytes":  # rows of d + 4 columns, the last 4 cut off
+                q, k, v = (torch.randn(shape_q[0], n, d + 4).to(torch.bfloat16)[..., :d]
+                           for n in (shape_q[1], n_k, n_k))
+            else:
+                q, k, v = _inputs(shape_q, n_k, layout)
+            launches.clear(), helpers.clear()
+            o, lse = fg.flash_forward(q, k, v, causal, mutant=mutant)
+            assert o.shape == q.shape and lse.shape == q.shape[:-1] and o.stride() == fg.dense_strides_like(q)
+            gluon = [c[0] for c in launches]
+            if not expect_triton:
+                assert not helpers and gluon == ["_flash_fwd_kernel"], (shape_q, n_k, mutant, gluon)
+                continue
+            assert not gluon, (shape_q, n_k, gluon)
+            (_, grid, args, _), = helpers
+            own = flash_triton._ForwardPlan(q, k, v, causal, None)
+            assert tuple(grid) == tuple(own.launch.grid) + (1,) * (3 - len(own.launch.grid))
+            assert args["SPLIT_KEYS"] == 0 and args["IS_CAUSAL"] is causal and args["HEAD_DIM"] == d
+            for param, t in (("Q", q), ("K", k), ("V", v), ("O", o), ("L", lse)):
+                assert args[param].data_ptr() == t.data_ptr(), param
+            q4 = fg.as_4d(q)
+            assert tuple(args[f"stride_q{dim}"] for dim in "bhnd") == q4.stride()
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "rows_off_16_bytes", "head_dim_strided"])

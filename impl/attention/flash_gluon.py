@@ -44,7 +44,10 @@ Schedule
     (_forward_splits; at d 64 from four key tiles, MIN_KEY_TILES_TO_SPLIT); a split stores its
     unnormalised acc, running max and sum in float32, and the Triton flavour's combine kernel
     merges them into O and L (launched as the forward's
-    programmatic dependent where the forward leaves half the SMs idle).  Per key
+    programmatic dependent where the forward leaves half the SMs idle).  At d 64 a forward
+    over at most two key tiles whose query tiles are at most one an SM runs the Triton
+    flavour's forward kernel instead (TRITON_FORWARD_KEYS: there a program's work is shorter
+    than this kernel's set-up).  Per key
     tile j a consumer issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, both asynchronous;
     waits for S_j alone, frees K_j's slot, runs the softmax of tile j while the P V product
     is in flight, then waits for it, frees V's slot and rescales O by exp(m_{j-1} - m_j).
@@ -1115,8 +1118,17 @@ def _forward_splits(items: int, key_tiles: int, device: torch.device, head_dim: 
 # meet them at small grids as well).
 ONE_LAUNCH_CONFIGS: dict = {64: (BackwardConfig(64, 64, 64, 64, 4, 2, one_launch=True), 1.0),
                             128: (BackwardConfig(64, 32, 64, 32, 4, 2, one_launch=True), 0.5)}
+# The forward over at most this many keys (by head dim) on a grid of at most a wave of its
+# programs: the Triton flavour's forward kernel (its own plan's config: one program a 128-row
+# query tile, pointer loads, no split), deterministic like the Gluon one.  At one or two key tiles
+# a program's work is shorter than the warp-specialised kernel's set-up: on an H200 at B1 H1 d 64
+# (perf/results/2026-11-29-h200-power-cap-and-l2-traffic, one_tile_forward_triton.md) it took
+# 7.73 against 8.42 us at N 128 full and 9.33 against 9.82 at N 256; at d 128 it took 0.8-2.8 us
+# more, so d 128 keeps the Gluon kernel.  Switched off with the one launch.
+TRITON_FORWARD_KEYS: dict = {64: 256}
 if os.environ.get("LLM_SYSTEMS_GLUON_ONE_LAUNCH", "1") == "0":
     ONE_LAUNCH_CONFIGS = {}
+    TRITON_FORWARD_KEYS = {}
 
 
 def _one_launch_config(batch_heads: int, n_q: int, n_k: int, d: int, device: torch.device, mutant: int):
@@ -1128,6 +1140,14 @@ def _one_launch_config(batch_heads: int, n_q: int, n_k: int, d: int, device: tor
     cfg, share = entry
     programs = batch_heads * (triton.cdiv(n_q, cfg.dq_block_m) + triton.cdiv(n_k, cfg.dkdv_block_n))
     return cfg if programs <= share * _resident_programs(device) else None
+
+
+def _triton_forward(batch_heads: int, n_q: int, n_k: int, d: int, device: torch.device, mutant: int) -> bool:
+    """Whether this forward runs the Triton flavour's kernel (TRITON_FORWARD_KEYS): few keys, at
+    most one 128-row program an SM.  A kept mutant of the Gluon kernels never does."""
+    keys = TRITON_FORWARD_KEYS.get(d)
+    return (keys is not None and not mutant and n_k <= keys
+            and batch_heads * triton.cdiv(n_q, 128) <= _resident_programs(device))
 
 
 def _validate(q, k, v, is_causal, scale) -> float:
@@ -1235,6 +1255,19 @@ class _ForwardPlan(_Pass):
         self.o_strides = dense_strides_like(q)
         o4_strides = as_4d(torch.empty_strided(q.shape, self.o_strides, device="meta")).stride()
         self.lse_shape = q.shape[:-1]
+        self.parts = self.combine = None
+        if _triton_forward(B * H, n_q, n_k, d, q.device, mutant):
+            from impl.attention.flash_triton import _ForwardPlan as TritonForwardPlan
+
+            # Pointer loads take any strides: every tensor as it came, none copied.  Its plan's
+            # launch, whose strides it fixed from these tensors, and its O strides, ours.
+            triton_plan = TritonForwardPlan(q, k, v, is_causal, self.scale)
+            assert triton_plan.combine is None and triton_plan.o_strides == self.o_strides
+            self.copy = (False,) * 3
+            self.plain = all(t.dim() == 4 for t in (q, k, v))
+            self.launch = triton_plan.launch
+            self._steps((self.launch, ("q", "k", "v", "o", "lse", "lse", "lse")), scratch=(), like=q)  # no split buffers
+            return
         group = _group_heads(B * H, 2 * n_k * d * q.element_size(), q.device)  # K and V stream
         items = B * H * triton.cdiv(n_q, cfg.block_m)
         key_tiles = triton.cdiv(n_k, cfg.block_n)
@@ -1250,7 +1283,6 @@ class _ForwardPlan(_Pass):
             dict(IS_CAUSAL=self.is_causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
                  CONSUMER_REGS=cfg.consumer_regs, SPLIT=splits > 1, MUTANT=mutant), cfg, q.device,
             (cfg.block_m, cfg.block_n, cfg.block_n))
-        self.parts = self.combine = None
         if splits > 1:
             # The splits' unnormalised sums and (max, sum) rows, merged by the Triton flavour's
             # combine kernel (the same layout: (splits B H, N, d) and (splits B H, 2, N)).
