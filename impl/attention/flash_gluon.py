@@ -45,7 +45,7 @@ Schedule
     unnormalised acc, running max and sum in float32, and the Triton flavour's combine kernel
     merges them into O and L (launched as the forward's
     programmatic dependent where the forward leaves half the SMs idle).  At d 64 a forward
-    over at most two key tiles whose query tiles are at most one an SM runs the Triton
+    over at most two key tiles whose query tiles are at most two an SM runs the Triton
     flavour's forward kernel instead (TRITON_FORWARD_KEYS: there a program's work is shorter
     than this kernel's set-up).  Per key
     tile j a consumer issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, both asynchronous;
@@ -1118,14 +1118,17 @@ def _forward_splits(items: int, key_tiles: int, device: torch.device, head_dim: 
 # meet them at small grids as well).
 ONE_LAUNCH_CONFIGS: dict = {64: (BackwardConfig(64, 64, 64, 64, 4, 2, one_launch=True), 1.0),
                             128: (BackwardConfig(64, 32, 64, 32, 4, 2, one_launch=True), 0.5)}
-# The forward over at most this many keys (by head dim) on a grid of at most a wave of its
-# programs: the Triton flavour's forward kernel (its own plan's config: one program a 128-row
-# query tile, pointer loads, no split), deterministic like the Gluon one.  At one or two key tiles
-# a program's work is shorter than the warp-specialised kernel's set-up: on an H200 at B1 H1 d 64
-# (perf/results/2026-11-29-h200-power-cap-and-l2-traffic, one_tile_forward_triton.md) it took
-# 7.73 against 8.42 us at N 128 full and 9.33 against 9.82 at N 256; at d 128 it took 0.8-2.8 us
-# more, so d 128 keeps the Gluon kernel.  Switched off with the one launch.
+# The forward over at most this many keys (by head dim) on a grid of at most TRITON_FORWARD_WAVES
+# 128-row query tiles an SM: the Triton flavour's forward kernel (its own plan's config, pointer
+# loads, no split), deterministic like the Gluon one.  Over one or two key tiles a program's
+# work is shorter than the warp-specialised kernel's set-up.  Device time on an H200, d 64
+# (perf/scripts/gluon_triton_forward.py, perf/results/2026-11-29-h200-short-forward-route):
+# Triton / Gluon 0.87-0.98 at N 128 and at N 256 full, from B1 H1 to B8 H16 (256 programs:
+# 0.88-0.89 at N 256); 1.03-1.04 at N 256 causal on 2 and 32 programs, still 0.93-0.97 of SDPA
+# flash there.  At d 128 it took 0.8-2.8 us more than the Gluon kernel, so d 128 keeps it.
+# Switched off with the one launch.
 TRITON_FORWARD_KEYS: dict = {64: 256}
+TRITON_FORWARD_WAVES = 2  # the most 128-row query tiles a forward it takes has, in SMs
 if os.environ.get("LLM_SYSTEMS_GLUON_ONE_LAUNCH", "1") == "0":
     ONE_LAUNCH_CONFIGS = {}
     TRITON_FORWARD_KEYS = {}
@@ -1144,10 +1147,11 @@ def _one_launch_config(batch_heads: int, n_q: int, n_k: int, d: int, device: tor
 
 def _triton_forward(batch_heads: int, n_q: int, n_k: int, d: int, device: torch.device, mutant: int) -> bool:
     """Whether this forward runs the Triton flavour's kernel (TRITON_FORWARD_KEYS): few keys, at
-    most one 128-row program an SM.  A kept mutant of the Gluon kernels never does."""
+    most TRITON_FORWARD_WAVES 128-row query tiles an SM.  A kept mutant of the Gluon kernels
+    never does."""
     keys = TRITON_FORWARD_KEYS.get(d)
     return (keys is not None and not mutant and n_k <= keys
-            and batch_heads * triton.cdiv(n_q, 128) <= _resident_programs(device))
+            and batch_heads * triton.cdiv(n_q, 128) <= TRITON_FORWARD_WAVES * _resident_programs(device))
 
 
 def _validate(q, k, v, is_causal, scale) -> float:
