@@ -40,9 +40,10 @@ step laws "${LAWS_S:-480}" env GATE_PROGRESS="$OUT/progress" python -m pytest -n
     -p perf.gate.progress_log -p conformance.margins --margins-out "$OUT/margins" --device cuda --hypothesis-profile ci \
     properties/test_attention.py conformance/spec/test_attention.py conformance/selftests/test_mutants.py \
     -k "gluon or v_slot_freed or ready_phase or rescale_skipped or last_dq or discarded_split or q_freed or graph_keyed or bound_key or stats_read" -rfEsp --conformance-report "$OUT/report"
-# The flavour's laws and spec cases again with the one-launch backward off (LLM_SYSTEMS_GLUON_ONE_LAUNCH=0),
-# so that the Gluon backward kernels meet them at the small grids the laws draw, which the one-launch
-# backward takes (flash_gluon.ONE_LAUNCH_CONFIGS); the kept mutants take the Gluon kernels at every grid.
+# The flavour's laws and spec cases again with the one-launch backward and the Triton short forward off
+# (LLM_SYSTEMS_GLUON_ONE_LAUNCH=0), so that the Gluon kernels meet them at the small grids the laws draw,
+# which those take (flash_gluon.ONE_LAUNCH_CONFIGS, TRITON_FORWARD_KEYS); the kept mutants take the
+# Gluon kernels at every grid.
 step laws_kernels "${LAWS_KERNELS_S:-400}" env LLM_SYSTEMS_GLUON_ONE_LAUNCH=0 python -m pytest -n 12 -p no:cacheprovider -q \
     --device cuda --hypothesis-profile ci properties/test_attention.py conformance/spec/test_attention.py \
     -k gluon -rfEsp
