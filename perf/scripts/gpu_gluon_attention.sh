@@ -26,8 +26,10 @@ step() {  # name, limit in seconds, command...  (only the names in $STEPS run)
 # The C++ launcher built once before any law worker starts (impl/attention/native_launch.py): on a fresh
 # machine the first of 12 workers built it while the others waited on its lock, and each worker's first
 # law counted that ~30 s wait as an example and drew one (perf/results/2026-11-29-h200-one-launch-backward).
-[[ " $STEPS " == *" laws"* ]] && python -c "from impl.attention import native_launch; native_launch.extension()" \
-    > "$OUT/native_build.log" 2>&1
+# The model steps time it too: built inside step_native's limit, the compiled step ran out of it at context
+# 4096 on a fresh machine (perf/results/2026-11-29-h200-short-forward-route).
+[[ " $STEPS " == *" laws"* || " $STEPS " == *" step_native "* ]] && python -c \
+    "from impl.attention import native_launch; native_launch.extension()" > "$OUT/native_build.log" 2>&1
 # The probe takes about 230 s on an H200 (its hang mutant alone waits 60 s): 300 leaves room.
 step probe "${PROBE_S:-300}" python perf/scripts/gluon_probe.py
 # 12 workers of 16 cores: the tier compiles many kernel variants (split-KV ones too); with 8 it had
