@@ -92,6 +92,16 @@ def launches(monkeypatch):
     return calls
 
 
+def _record_triton_kernel(monkeypatch, name) -> list:
+    """The Triton flavour's kernel ``name`` replaced by a recorder; its launches' list."""
+    from impl.attention import flash_triton
+
+    calls = []
+    monkeypatch.setattr(flash_triton, name, _Recorder(getattr(flash_triton, name), calls,
+                                                      ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
+    return calls
+
+
 def _inputs(shape_q, n_k, transposed):
     *lead, n_q, d = shape_q
     make = (lambda n: torch.randn(*lead[:-1], n, lead[-1], d).transpose(-3, -2)) if transposed and len(lead) >= 2 else (
@@ -421,12 +431,7 @@ def test_small_grids_take_the_one_launch_backward_larger_ones_and_mutants_the_gl
     program then every dK/dV program, the config's tiles, pointer loads (no in-kernel
     descriptors: the C++ launcher takes no global scratch).  One batch-head more, and a kept
     mutant of the Gluon kernels at any grid, take the Gluon kernels."""
-    from impl.attention import flash_triton
-
-    helpers = []
-    monkeypatch.setattr(flash_triton, "_flash_bwd_one_launch_kernel",
-                        _Recorder(flash_triton._flash_bwd_one_launch_kernel, helpers,
-                                  ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
+    helpers = _record_triton_kernel(monkeypatch, "_flash_bwd_one_launch_kernel")
     monkeypatch.setattr(fg, "ONE_LAUNCH_CONFIGS", ONE_LAUNCH_CONFIGS)
     cfg, _ = ONE_LAUNCH_CONFIGS[d]
     heads, per_head = _one_launch_threshold(d)
@@ -465,10 +470,7 @@ def test_few_keys_on_small_grids_take_the_triton_forward_the_rest_and_mutants_th
 
     if not TRITON_FORWARD_KEYS:
         pytest.skip("the Triton forward is switched off (LLM_SYSTEMS_GLUON_ONE_LAUNCH=0)")
-    helpers = []
-    monkeypatch.setattr(flash_triton, "_flash_fwd_kernel",
-                        _Recorder(flash_triton._flash_fwd_kernel, helpers,
-                                  ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
+    helpers = _record_triton_kernel(monkeypatch, "_flash_fwd_kernel")
     monkeypatch.setattr(fg, "TRITON_FORWARD_KEYS", TRITON_FORWARD_KEYS)
     programs = fg.TRITON_FORWARD_WAVES * fg._resident_programs(torch.device("cpu"))
     for d, keys in TRITON_FORWARD_KEYS.items():
@@ -500,6 +502,11 @@ def test_few_keys_on_small_grids_take_the_triton_forward_the_rest_and_mutants_th
                 assert args[param].data_ptr() == t.data_ptr(), param
             q4 = fg.as_4d(q)
             assert tuple(args[f"stride_q{dim}"] for dim in "bhnd") == q4.stride()
+    for d in sorted(set(fg.GLUON_HEAD_DIMS) - set(TRITON_FORWARD_KEYS)):  # a head dim it does not take
+        q, k, v = _inputs((1, 1, 100, d), 64, False)
+        launches.clear(), helpers.clear()
+        fg.flash_forward(q, k, v, causal)
+        assert not helpers and [c[0] for c in launches] == ["_flash_fwd_kernel"], d
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "rows_off_16_bytes", "head_dim_strided"])
@@ -509,14 +516,9 @@ def test_the_one_launch_backward_reads_each_tensor_with_its_own_strides(launches
     stride is no multiple of 16 bytes, a head dim that is not contiguous: the Gluon kernels
     take copies of those, which the one launch must not be handed with the originals'
     strides).  Its gradients come out laid out like q, k, v."""
-    from impl.attention import flash_triton
-
     if not ONE_LAUNCH_CONFIGS:
         pytest.skip("the one-launch backward is switched off (LLM_SYSTEMS_GLUON_ONE_LAUNCH=0)")
-    helpers = []
-    monkeypatch.setattr(flash_triton, "_flash_bwd_one_launch_kernel",
-                        _Recorder(flash_triton._flash_bwd_one_launch_kernel, helpers,
-                                  ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")))
+    helpers = _record_triton_kernel(monkeypatch, "_flash_bwd_one_launch_kernel")
     monkeypatch.setattr(fg, "ONE_LAUNCH_CONFIGS", ONE_LAUNCH_CONFIGS)
     B, H, N, d = 2, 3, 100, 64
 
