@@ -29,6 +29,14 @@ DESCRIPTOR_ROWS = {
 }
 
 
+def _forward_config(bh, n_q, n_k, d, causal):
+    """The forward's config for a grid: WIDE_FORWARD_CONFIGS' (192-row items, three consumers)
+    where those items fill every SM at least once, FORWARD_CONFIGS' elsewhere."""
+    wide = fg.WIDE_FORWARD_CONFIGS[d]
+    full = bh * triton.cdiv(n_q, wide.block_m) >= fg._resident_programs(torch.device("cpu"))
+    return wide if full and fg.WIDE_FORWARD else fg.FORWARD_CONFIGS[d]
+
+
 def _plan_of(d, causal):
     """(the Gluon kernels a forward + backward launches, in order; their configs; whether the
     dK/dV kernel adds dQ): five products where the table has them, outside deterministic mode
@@ -142,7 +150,7 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
     assert fused == (not deterministic)  # five products at both head dims outside deterministic mode
     assert [c[0] for c in launches] == list(kernels)
     for name, grid, args, options in launches:
-        cfg = tables[name]
+        cfg = tables[name] if name != "_flash_fwd_kernel" else _forward_config(bh, n_q, n_k, d, causal)
         assert (args["BLOCK_M"], args["BLOCK_N"], args["STAGES"], args["HEAD_DIM"]) == (
             cfg.block_m, cfg.block_n, cfg.stages, d), name
         assert args["num_warps"] == cfg.num_warps and options == {"maxnreg": cfg.maxnreg}, name
@@ -163,6 +171,9 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
             assert tuple(grid) == (bh, tiles, 1) and args["group_heads"] == bh, name
         else:  # one-dimensional, a group of heads' tiles adjacent (_tile_and_head)
             assert tuple(grid) == (bh * tiles, 1, 1), name
+        if name == "_flash_fwd_kernel":  # two consumers overlapping their own products, or three in turn
+            assert args["CONSUMERS"] == cfg.consumers and args["OVERLAP"] is (cfg.consumers == 2), name
+            assert not (args["SPLIT"] and cfg.consumers == 3), name  # a causal split of 192 rows could hold no keys
         for param, tile in DESCRIPTOR_ROWS[name].items():
             desc = args[param]
             assert isinstance(desc, TensorDescriptor), f"{name}.{param} is a {type(desc).__name__}"
@@ -170,11 +181,37 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
             assert list(desc.shape) == [*q4.shape[:2], n, d], f"{name}.{param} covers {desc.shape}"
             # d 128 at five products (scores in query rows): each consumer adds half of dQ's columns
             cols = d // 2 if param == "dqacc_desc" and fused and d > 64 else d
-            assert list(desc.block_shape) == [1, 1, args[tile], cols], f"{name}.{param} box {desc.block_shape}"
+            rows = args[tile]
+            if name == "_flash_fwd_kernel" and param == "q_desc" and rows & (rows - 1):
+                rows //= args["CONSUMERS"]  # TMA boxes are powers of two: Q of 192 rows lands as three
+            assert list(desc.block_shape) == [1, 1, rows, cols], f"{name}.{param} box {desc.block_shape}"
         if name == "_flash_bwd_dkdv_kernel":
             assert args["FUSE_DQ"] is fused, name
             # five products: the float32 dQ the reductions add into; seven: q stands in, unread
             assert args["dqacc_desc"].base.dtype == (torch.float32 if fused else q.dtype), name
+
+
+@pytest.mark.parametrize("shape, causal, wide", [
+    ((4, 16, 4096, 128), False, True),  # the tracked d 128 shape: 22 items of 192 rows a head
+    ((1, 16, 16384, 64), True, True),  # the leaderboard's
+    ((2, 16, 1024, 64), True, True),
+    ((1, 1, 4096, 128), True, False),  # B1 H1: the keys in splits, so 128-row tiles
+    ((1, 1, 4096, 64), False, False),
+    ((1, 40, 1000, 128), False, True),  # the laws' 40 heads of a thousand keys
+    ((1, 16, 640, 128), True, False),  # 80 query tiles of 128 rows, 64 items of 192: fewer than the SMs
+    ((1, 1, 128, 128), False, False),  # one tile
+])
+def test_forwards_without_key_splits_run_three_consumers_of_64_rows(launches, shape, causal, wide):
+    q = torch.empty(shape, dtype=torch.bfloat16)
+    fg.flash_forward(q, q, q, causal)
+    (name, grid, args, _), = launches
+    assert (args["BLOCK_M"], args["CONSUMERS"], args["OVERLAP"]) == ((192, 3, False) if wide else (128, 2, True))
+    assert not (wide and args["SPLIT"])
+    assert args["q_desc"].block_shape[2] == (64 if wide else 128) and args["n_q"] == shape[2]
+    # a kept mutant takes the same kernel, so the laws see its bug where the flavour runs
+    launches.clear()
+    fg.flash_forward(q, q, q, causal, mutant=fg.MUTANTS["rescale_skipped"])
+    assert launches[0][2]["CONSUMERS"] == args["CONSUMERS"]
 
 
 def test_grids_group_as_many_heads_as_fit_a_share_of_l2():

@@ -35,8 +35,11 @@ Schedule
     syncs only its own 128 threads, so the two drift and one's softmax overlaps the other's
     products.
     Forward: persistent, at most one program per SM; each walks work items (a 128-row query
-    tile of a batch-head, 64 rows a consumer) in rounds (_round_item), and its loader brings
-    the next item's Q, K and V while the consumers finish the last item's products and store
+    tile of a batch-head, 64 rows a consumer; on grids of at least a wave of 192-row items,
+    WIDE_FORWARD_CONFIGS, 192 rows over three consumers, each of which issues one product at a
+    time, _fwd_tiles_in_turn, while the others' fill the tensor cores) in rounds
+    (_round_item), and its loader brings the next item's Q, K and V while the consumers
+    finish the last item's products and store
     its O (Q is reloaded once both consumers' last S has retired; the ring's count runs on
     across items).  Causal grids whose heads run in groups get one program an item instead
     (_forward_programs: static rounds would not balance their items).  Grids whose query
@@ -47,8 +50,8 @@ Schedule
     programmatic dependent where the forward leaves half the SMs idle).  At d 64 a forward
     over at most two key tiles whose query tiles are at most two an SM runs the Triton
     flavour's forward kernel instead (TRITON_FORWARD_KEYS: there a program's work is shorter
-    than this kernel's set-up).  Per key
-    tile j a consumer issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, both asynchronous;
+    than this kernel's set-up).  Per key tile j a two-consumer forward's consumer
+    (_fwd_tiles_overlapped) issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, both asynchronous;
     waits for S_j alone, frees K_j's slot, runs the softmax of tile j while the P V product
     is in flight, then waits for it, frees V's slot and rescales O by exp(m_{j-1} - m_j).
     ptxas moves that last wait above the softmax unless a branch stands between them: d 128
@@ -348,6 +351,7 @@ if GLUON_IMPORT_ERROR is None:
         """The loader warp: per work item of this program, Q once both consumers are done with
         the last one's, then its K and V tiles into the ring (one count across items, so the
         next item's first tiles land while the consumers finish the last one)."""
+        Q_PARTS: gl.constexpr = BLOCK_M // q_desc.block_type.shape[2]
         c = 0  # ring uses so far
         n_items = 0
         for r in range(_rounds(n_m_tiles * n_bh * n_splits)):
@@ -356,8 +360,10 @@ if GLUON_IMPORT_ERROR is None:
                                                                     n_splits, chunk, IS_CAUSAL, BLOCK_M, BLOCK_N,
                                                                     SPLIT)
             mbarrier.wait(q_empty.index(0), (n_items & 1) ^ 1)
-            mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [b_i, h_i, q_start, 0], q_ready, q_smem)
+            mbarrier.expect(q_ready, Q_PARTS * q_desc.block_type.nbytes)
+            for part in gl.static_range(Q_PARTS):  # one TMA box a consumer where BLOCK_M is not a power of two
+                tma.async_copy_global_to_shared(q_desc, [b_i, h_i, q_start + part * (BLOCK_M // Q_PARTS), 0], q_ready,
+                                                q_smem.index(part))
             for j in range(n_tiles):
                 _load_pair(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, b_i, h_i,
                            (first + j) * BLOCK_N, c % STAGES, (c // STAGES) & 1)
@@ -365,15 +371,13 @@ if GLUON_IMPORT_ERROR is None:
             n_items += 1
 
     @gluon.jit
-    def _fwd_consumer(q_tile, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
-                      o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk, qk_scale, sm_scale,
-                      stride_ob, stride_oh, stride_on,
-                      IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr,
-                      MUTANT: gl.constexpr):
-        """One warpgroup's ROWS query rows (rows WG * ROWS .. of each work item's BLOCK_M), over
-        every key tile of each of this program's work items (each slot's empty barrier, and
-        Q's, counts both consumers' arrivals)."""
+    def _fwd_tiles_overlapped(q_tile, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, lse_ptr,
+                              acc, m_i, l_i, c, first, n_tiles, q_start, n_k, qk_scale,
+                              IS_CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                              HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MUTANT: gl.constexpr):
+        """A work item's key tiles for one warpgroup of two: S_j issued before P_{j-1} V_{j-1},
+        the softmax of tile j under that product (ring uses c .. c + n_tiles - 1).  Q's slot is
+        handed back once the item's last S has retired.  Returns acc, m and l."""
         s_layout: gl.constexpr = _mma_layout(BLOCK_N, 4)
         o_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
         p_layout: gl.constexpr = _operand_a(o_layout)
@@ -381,6 +385,126 @@ if GLUON_IMPORT_ERROR is None:
         s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
         # The kept mutant 2 waits on the wrong parity: a fresh barrier reports it complete at once.
         flip: gl.constexpr = 1 if MUTANT == 2 else 0
+        # Tile 0: its scores and softmax, no product in flight yet.
+        slot = c % STAGES
+        mbarrier.wait(k_ready.index(slot), ((c // STAGES) & 1) ^ flip)
+        s = warpgroup_mma(q_tile, _tile(k_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
+                          use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        _release(k_empty, slot)
+        if MUTANT == 6:  # the kept mutant 6 hands Q back after the item's first scores, not its last
+            _release(q_empty, 0)
+        p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, first * BLOCK_N, q_start, n_k, qk_scale, IS_CAUSAL,
+                                             ROWS, BLOCK_N, s_layout, MUTANT == 3)
+        if MUTANT == 1:
+            mbarrier.wait(v_ready.index(slot), (c // STAGES) & 1)
+            _release(v_empty, slot)
+        for j in range(1, n_tiles):
+            prev = (c + j - 1) % STAGES
+            slot = (c + j) % STAGES
+            mbarrier.wait(k_ready.index(slot), (((c + j) // STAGES) & 1) ^ flip)
+            s_tok = warpgroup_mma(q_tile, _tile(k_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            if MUTANT != 1:
+                mbarrier.wait(v_ready.index(prev), ((c + j - 1) // STAGES) & 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc = warpgroup_mma(p_op, _tile(v_bufs, prev, BLOCK_N, HEAD_DIM), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j retired; P_{j-1} V_{j-1} may still run
+            _release(k_empty, slot)
+            p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, (first + j) * BLOCK_N, q_start, n_k, qk_scale,
+                                                 IS_CAUSAL, ROWS, BLOCK_N, s_layout, MUTANT == 3)
+            if MUTANT == 1:  # the kept mutant 1 hands V_j's slot back as soon as V_j lands, a product early
+                mbarrier.wait(v_ready.index(slot), ((c + j) // STAGES) & 1)
+                _release(v_empty, slot)
+            if HEAD_DIM > 64:  # ptxas hoists the wait below above the softmax (SASS: no overlap with P V)
+                if n_k < 0:  # never taken: a block boundary it does not move the wait across
+                    gl.store(lse_ptr + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), l_i)
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            if MUTANT != 1:
+                _release(v_empty, prev)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        if MUTANT != 6:
+            _release(q_empty, 0)  # every S of this item has retired: the loader may bring the next Q
+        last = (c + n_tiles - 1) % STAGES
+        if MUTANT != 1:
+            mbarrier.wait(v_ready.index(last), ((c + n_tiles - 1) // STAGES) & 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = warpgroup_mma(p_op, _tile(v_bufs, last, BLOCK_N, HEAD_DIM), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+        if MUTANT != 1:
+            _release(v_empty, last)
+        return acc, m_i, l_i
+
+    @gluon.jit
+    def _fwd_tiles_in_turn(q_tile, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                           acc, m_i, l_i, c, first, n_tiles, q_start, n_q, n_k, qk_scale,
+                           IS_CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MUTANT: gl.constexpr):
+        """A work item's key tiles for one warpgroup of three: one product at a time (S_j,
+        its softmax, P_j V_j), the other warpgroups' products filling the tensor cores meanwhile.
+        Only the tiles its own rows see are computed: none past the queries' end (a head's last
+        item has rows to spare), none past its rows' causal diagonal; the rest it only passes
+        through the ring (waits for them, hands them back).  Returns acc, m and l."""
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, 4)
+        o_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
+        p_layout: gl.constexpr = _operand_a(o_layout)
+        dtype: gl.constexpr = q_tile.dtype
+        s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+        flip: gl.constexpr = 1 if MUTANT == 2 else 0  # the kept mutant 2 (_fwd_tiles_overlapped)
+        n_live = n_tiles
+        if IS_CAUSAL:
+            n_live = gl.minimum(n_tiles, gl.cdiv(gl.minimum(n_k, q_start + ROWS), BLOCK_N) - first)
+        if q_start >= n_q:
+            n_live = 0
+        if MUTANT == 6:  # the kept mutant 6 hands Q back after the item's first scores, not its last
+            if n_live == 0:
+                _release(q_empty, 0)
+        for j in range(n_live):
+            slot = (c + j) % STAGES
+            mbarrier.wait(k_ready.index(slot), (((c + j) // STAGES) & 1) ^ flip)
+            s = warpgroup_mma(q_tile, _tile(k_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s, ))
+            _release(k_empty, slot)
+            if MUTANT == 6:
+                if j == 0:
+                    _release(q_empty, 0)
+            p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, (first + j) * BLOCK_N, q_start, n_k, qk_scale,
+                                                 IS_CAUSAL, ROWS, BLOCK_N, s_layout, MUTANT == 3)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            mbarrier.wait(v_ready.index(slot), ((c + j) // STAGES) & 1)
+            if MUTANT == 1:  # the kept mutant 1 hands V_j's slot back as soon as V_j lands, a product early
+                _release(v_empty, slot)
+            acc = warpgroup_mma(p_op, _tile(v_bufs, slot, BLOCK_N, HEAD_DIM), acc, is_async=True)
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            if MUTANT != 1:
+                _release(v_empty, slot)
+        for j in range(n_live, n_tiles):
+            slot = (c + j) % STAGES
+            mbarrier.wait(k_ready.index(slot), ((c + j) // STAGES) & 1)
+            _release(k_empty, slot)
+            mbarrier.wait(v_ready.index(slot), ((c + j) // STAGES) & 1)
+            _release(v_empty, slot)
+        if MUTANT != 6:
+            _release(q_empty, 0)  # every S of this item has retired
+        return acc, m_i, l_i
+
+    @gluon.jit
+    def _fwd_consumer(q_tile, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                      o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk, qk_scale, sm_scale,
+                      stride_ob, stride_oh, stride_on,
+                      IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr,
+                      MUTANT: gl.constexpr, OVERLAP: gl.constexpr):
+        """One warpgroup's ROWS query rows (rows WG * ROWS .. of each work item's BLOCK_M), over
+        every key tile of each of this program's work items (each slot's empty barrier, and
+        Q's, counts every consumer's arrival).  OVERLAP: two consumers, each overlapping its
+        softmax with its own products (_fwd_tiles_overlapped); else three, each a product at a
+        time (_fwd_tiles_in_turn)."""
+        s_layout: gl.constexpr = _mma_layout(BLOCK_N, 4)
+        o_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
+        dtype: gl.constexpr = q_tile.dtype
         c = 0  # ring uses so far, as the loader counts them
         n_items = 0
         for r in range(_rounds(n_m_tiles * n_bh * n_splits)):
@@ -393,55 +517,15 @@ if GLUON_IMPORT_ERROR is None:
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
 
             mbarrier.wait(q_ready, n_items & 1)
-            # Tile 0: its scores and softmax, no product in flight yet.
-            slot = c % STAGES
-            mbarrier.wait(k_ready.index(slot), ((c // STAGES) & 1) ^ flip)
-            s = warpgroup_mma(q_tile, _tile(k_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
-                              use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(0, deps=(s, ))
-            _release(k_empty, slot)
-            if MUTANT == 6:  # the kept mutant 6 hands Q back after the item's first scores, not its last
-                _release(q_empty, 0)
-            p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, first * BLOCK_N, q_start, n_k, qk_scale, IS_CAUSAL,
-                                                 ROWS, BLOCK_N, s_layout, MUTANT == 3)
-            if MUTANT == 1:
-                mbarrier.wait(v_ready.index(slot), (c // STAGES) & 1)
-                _release(v_empty, slot)
-            for j in range(1, n_tiles):
-                prev = (c + j - 1) % STAGES
-                slot = (c + j) % STAGES
-                mbarrier.wait(k_ready.index(slot), (((c + j) // STAGES) & 1) ^ flip)
-                s_tok = warpgroup_mma(q_tile, _tile(k_bufs, slot, BLOCK_N, HEAD_DIM).permute((1, 0)), s_zero,
-                                      use_acc=False, is_async=True)
-                if MUTANT != 1:
-                    mbarrier.wait(v_ready.index(prev), ((c + j - 1) // STAGES) & 1)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
-                acc = warpgroup_mma(p_op, _tile(v_bufs, prev, BLOCK_N, HEAD_DIM), acc, is_async=True)
-                s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j retired; P_{j-1} V_{j-1} may still run
-                _release(k_empty, slot)
-                p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, (first + j) * BLOCK_N, q_start, n_k, qk_scale,
-                                                     IS_CAUSAL, ROWS, BLOCK_N, s_layout, MUTANT == 3)
-                if MUTANT == 1:  # the kept mutant 1 hands V_j's slot back as soon as V_j lands, a product early
-                    mbarrier.wait(v_ready.index(slot), ((c + j) // STAGES) & 1)
-                    _release(v_empty, slot)
-                if HEAD_DIM > 64:  # ptxas hoists the wait below above the softmax (SASS: no overlap with P V)
-                    if n_k < 0:  # never taken: a block boundary it does not move the wait across
-                        gl.store(lse_ptr + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), l_i)
-                acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-                if MUTANT != 1:
-                    _release(v_empty, prev)
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            if MUTANT != 6:
-                _release(q_empty, 0)  # every S of this item has retired: the loader may bring the next Q
+            if OVERLAP:
+                acc, m_i, l_i = _fwd_tiles_overlapped(q_tile, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                                                      lse_ptr, acc, m_i, l_i, c, first, n_tiles, q_start, n_k, qk_scale,
+                                                      IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES, MUTANT)
+            else:
+                acc, m_i, l_i = _fwd_tiles_in_turn(q_tile, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                                                   acc, m_i, l_i, c, first, n_tiles, q_start, n_q, n_k, qk_scale,
+                                                   IS_CAUSAL, ROWS, BLOCK_N, HEAD_DIM, STAGES, MUTANT)
             c += n_tiles
-            last = (c - 1) % STAGES
-            if MUTANT != 1:
-                mbarrier.wait(v_ready.index(last), ((c - 1) // STAGES) & 1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            acc = warpgroup_mma(p_op, _tile(v_bufs, last, BLOCK_N, HEAD_DIM), acc, is_async=True)
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-            if MUTANT != 1:
-                _release(v_empty, last)
 
             # O = acc / l; L = m * scale + ln l (natural log, per query row).  The item's batch-head
             # is derived again here rather than kept through the loop (registers).
@@ -474,18 +558,21 @@ if GLUON_IMPORT_ERROR is None:
                           stride_ob, stride_oh, stride_on, n_bh, group_heads, n_splits, chunk,
                           IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                          num_warps: gl.constexpr, SPLIT: gl.constexpr, MUTANT: gl.constexpr):
+                          num_warps: gl.constexpr, SPLIT: gl.constexpr, MUTANT: gl.constexpr,
+                          CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr):
         # Persistent: each program walks work items (a BLOCK_M query tile of a batch-head)
-        # program_id, + num_programs, ... in _tile_and_head_at's order.  Two consumer
-        # warpgroups (the default partition, num_warps=4, and a 4-warp worker), BLOCK_M // 2
-        # rows each, and the loader warp.
-        ROWS: gl.constexpr = BLOCK_M // 2
+        # program_id, + num_programs, ... in _tile_and_head_at's order.  CONSUMERS consumer
+        # warpgroups (the default partition, num_warps=4, and 4-warp workers), BLOCK_M //
+        # CONSUMERS rows each, and the loader warp.  Q lands in CONSUMERS TMA boxes where
+        # BLOCK_M (192) is not a power of two, in one box otherwise.
+        ROWS: gl.constexpr = BLOCK_M // CONSUMERS
         n_m_tiles = gl.cdiv(n_q, BLOCK_M)
         if SPLIT:  # the combine's programs take the idle SMs and wait there (a split grid fits in one wave)
             _let_dependents_launch()
 
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        Q_PARTS: gl.constexpr = BLOCK_M // q_desc.block_type.shape[2]
+        q_smem = gl.allocate_shared_memory(dtype, [Q_PARTS] + q_desc.block_type.shape, q_desc.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -495,27 +582,46 @@ if GLUON_IMPORT_ERROR is None:
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_ready, count=1)
-        mbarrier.init(q_empty.index(0), count=2)  # one arrival from each consumer warpgroup
+        mbarrier.init(q_empty.index(0), count=CONSUMERS)  # one arrival from each consumer warpgroup
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(k_empty.index(i), count=CONSUMERS)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
-        q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
-        gl.warp_specialize([
-            (_fwd_consumer, (q_tile.slice(0, ROWS), q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
-                             v_empty, o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
-                             qk_scale, sm_scale, stride_ob, stride_oh, stride_on,
-                             IS_CAUSAL, BLOCK_M, ROWS, BLOCK_N, HEAD_DIM, STAGES, 0, SPLIT, MUTANT)),
-            (_fwd_consumer, (q_tile.slice(ROWS, ROWS), q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
-                             v_empty, o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
-                             qk_scale, sm_scale, stride_ob, stride_oh, stride_on,
-                             IS_CAUSAL, BLOCK_M, ROWS, BLOCK_N, HEAD_DIM, STAGES, 1, SPLIT, MUTANT)),
-            (_fwd_loader, (q_desc, k_desc, v_desc, q_smem, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty,
-                           v_ready, v_empty, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
-                           IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, SPLIT)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        if CONSUMERS == 3:  # Q in three boxes, one a consumer
+            gl.warp_specialize([
+                (_fwd_consumer, (_tile(q_smem, 0, ROWS, HEAD_DIM), q_ready, q_empty, k_bufs, v_bufs, k_ready,
+                                 k_empty, v_ready, v_empty, o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
+                                 qk_scale, sm_scale, stride_ob, stride_oh, stride_on,
+                                 IS_CAUSAL, BLOCK_M, ROWS, BLOCK_N, HEAD_DIM, STAGES, 0, SPLIT, MUTANT, OVERLAP)),
+                (_fwd_consumer, (_tile(q_smem, 1, ROWS, HEAD_DIM), q_ready, q_empty, k_bufs, v_bufs, k_ready,
+                                 k_empty, v_ready, v_empty, o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
+                                 qk_scale, sm_scale, stride_ob, stride_oh, stride_on,
+                                 IS_CAUSAL, BLOCK_M, ROWS, BLOCK_N, HEAD_DIM, STAGES, 1, SPLIT, MUTANT, OVERLAP)),
+                (_fwd_consumer, (_tile(q_smem, 2, ROWS, HEAD_DIM), q_ready, q_empty, k_bufs, v_bufs, k_ready,
+                                 k_empty, v_ready, v_empty, o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
+                                 qk_scale, sm_scale, stride_ob, stride_oh, stride_on,
+                                 IS_CAUSAL, BLOCK_M, ROWS, BLOCK_N, HEAD_DIM, STAGES, 2, SPLIT, MUTANT, OVERLAP)),
+                (_fwd_loader, (q_desc, k_desc, v_desc, q_smem, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty,
+                               v_ready, v_empty, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
+                               IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, SPLIT)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+        else:
+            q_rows = q_smem.index(0).reshape([BLOCK_M, HEAD_DIM])
+            gl.warp_specialize([
+                (_fwd_consumer, (q_rows.slice(0, ROWS), q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                                 v_empty, o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
+                                 qk_scale, sm_scale, stride_ob, stride_oh, stride_on,
+                                 IS_CAUSAL, BLOCK_M, ROWS, BLOCK_N, HEAD_DIM, STAGES, 0, SPLIT, MUTANT, OVERLAP)),
+                (_fwd_consumer, (q_rows.slice(ROWS, ROWS), q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                                 v_empty, o_ptr, lse_ptr, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
+                                 qk_scale, sm_scale, stride_ob, stride_oh, stride_on,
+                                 IS_CAUSAL, BLOCK_M, ROWS, BLOCK_N, HEAD_DIM, STAGES, 1, SPLIT, MUTANT, OVERLAP)),
+                (_fwd_loader, (q_desc, k_desc, v_desc, q_smem, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty,
+                               v_ready, v_empty, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
+                               IS_CAUSAL, BLOCK_M, BLOCK_N, STAGES, SPLIT)),
+            ], [4, 1], [CONSUMER_REGS, 24])
 
     @gluon.jit
     def _bwd_dq_consumer(q_tile, do_tile, fixed_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
@@ -952,11 +1058,13 @@ if GLUON_IMPORT_ERROR is None:
 @dataclass(frozen=True)
 class GluonConfig:
     """Tiles of one kernel: BLOCK_M query rows and BLOCK_N keys a tile (each kernel splits its
-    program's tile between two consumer warpgroups), STAGES ring slots, num_warps the
-    default partition's warps (one warpgroup, the first consumer; the second consumer and
+    program's tile between ``consumers`` consumer warpgroups), STAGES ring slots, num_warps the
+    default partition's warps (one warpgroup, the first consumer; the other consumers and
     the loader warp come on top), maxnreg the per-thread register cap at launch that warp
-    specialisation redistributes (loader 24, the worker consumer consumer_regs, the default
-    partition the rest)."""
+    specialisation redistributes (loader 24, each worker consumer consumer_regs, the default
+    partition the rest).  consumers 3: the forward's one-product-at-a-time consumers
+    (_fwd_tiles_in_turn); a block of 16 warps (the loader warp padded to a warpgroup) launches
+    with at most 128 registers a thread."""
 
     block_m: int
     block_n: int
@@ -964,10 +1072,23 @@ class GluonConfig:
     num_warps: int = 4
     maxnreg: int = 168
     consumer_regs: int = 240
+    consumers: int = 2
 
 
 # From perf.tune.gluon_configs on an H200 (perf/results/2026-11-27-h200-gluon-attention/).
 FORWARD_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 128, 2)}
+# Grids of at least a wave of 192-row items (so no key splits): three consumers of 64 rows,
+# each a product at a time, 160 registers each, no spills (ptxas).  A K/V tile serves 192 query
+# rows, not 128.  On an H200, do_bench: B4 H16 N4096 d 128 full 2.5 % and the leaderboard shape
+# 6 % faster than FORWARD_CONFIGS; at the 700 W power cap level with them
+# (perf/results/2026-11-29-h200-three-consumer-forward/).  Smaller grids keep the table above:
+# a consumer without overlap waits out its own latencies where nothing else runs, and a causal
+# split of 192 rows could hold no keys of its own (block_n % block_m).
+WIDE_FORWARD_CONFIGS = {64: GluonConfig(192, 128, 3, maxnreg=128, consumer_regs=160, consumers=3),
+                        128: GluonConfig(192, 128, 2, maxnreg=128, consumer_regs=160, consumers=3)}
+# LLM_SYSTEMS_GLUON_WIDE_FORWARD=0: every forward on FORWARD_CONFIGS (the tier's laws_kernels
+# step holds the two-consumer kernel to the laws at grids of many items that way).
+WIDE_FORWARD = os.environ.get("LLM_SYSTEMS_GLUON_WIDE_FORWARD", "1") != "0"
 BACKWARD_DQ_CONFIGS = {64: GluonConfig(128, 128, 2), 128: GluonConfig(128, 64, 2)}
 BACKWARD_DKDV_CONFIGS = {64: GluonConfig(64, 128, 3), 128: GluonConfig(64, 128, 2)}
 # The five-product backward (dQ added by TMA reductions): untuned, the dK/dV kernel's tiles;
@@ -1280,13 +1401,19 @@ class _ForwardPlan(_Pass):
         # could see no key of a split, and its running max stay -inf (NaN sums).  So no split there.
         splits = (_forward_splits(items, key_tiles, q.device, head_dim=d)
                   if not self.is_causal or cfg.block_n % cfg.block_m == 0 else 1)
+        wide = WIDE_FORWARD_CONFIGS[d]
+        if WIDE_FORWARD and splits == 1 and B * H * triton.cdiv(n_q, wide.block_m) >= _resident_programs(q.device):
+            self.cfg = cfg = wide  # a wave of 192-row items at least
+            items = B * H * triton.cdiv(n_q, cfg.block_m)
         self.launch = _launch(
             _flash_fwd_kernel, (_forward_programs(items * splits, self.is_causal, group == B * H, q.device),),
             (H, n_q, n_k, self.scale * LOG2E, self.scale, *o4_strides[:3], B * H, group, splits,
              triton.cdiv(key_tiles, splits)),
             dict(IS_CAUSAL=self.is_causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, STAGES=cfg.stages,
-                 CONSUMER_REGS=cfg.consumer_regs, SPLIT=splits > 1, MUTANT=mutant), cfg, q.device,
-            (cfg.block_m, cfg.block_n, cfg.block_n))
+                 CONSUMER_REGS=cfg.consumer_regs, SPLIT=splits > 1, MUTANT=mutant, CONSUMERS=cfg.consumers,
+                 OVERLAP=cfg.consumers == 2), cfg, q.device,
+            (cfg.block_m // cfg.consumers if cfg.block_m & (cfg.block_m - 1) else cfg.block_m, cfg.block_n,
+             cfg.block_n))
         if splits > 1:
             # The splits' unnormalised sums and (max, sum) rows, merged by the Triton flavour's
             # combine kernel (the same layout: (splits B H, N, d) and (splits B H, 2, N)).

@@ -45,8 +45,10 @@ step laws "${LAWS_S:-480}" env GATE_PROGRESS="$OUT/progress" python -m pytest -n
 # The flavour's laws and spec cases again with the one-launch backward and the Triton short forward off
 # (LLM_SYSTEMS_GLUON_ONE_LAUNCH=0), so that the Gluon kernels meet them at the small grids the laws draw,
 # which those take (flash_gluon.ONE_LAUNCH_CONFIGS, TRITON_FORWARD_KEYS); the kept mutants take the
-# Gluon kernels at every grid.
-step laws_kernels "${LAWS_KERNELS_S:-400}" env LLM_SYSTEMS_GLUON_ONE_LAUNCH=0 python -m pytest -n 12 -p no:cacheprovider -q \
+# Gluon kernels at every grid.  And the three-consumer forward off (LLM_SYSTEMS_GLUON_WIDE_FORWARD=0),
+# so that the two-consumer one meets them at grids of many work items too (the laws' 40 heads).
+step laws_kernels "${LAWS_KERNELS_S:-400}" env LLM_SYSTEMS_GLUON_ONE_LAUNCH=0 LLM_SYSTEMS_GLUON_WIDE_FORWARD=0 \
+    python -m pytest -n 12 -p no:cacheprovider -q \
     --device cuda --hypothesis-profile ci properties/test_attention.py conformance/spec/test_attention.py \
     -k gluon -rfEsp
 common=(--device cuda --dtypes bf16 --impls gluon triton sdpa_flash sdpa_cudnn --rounds 3 --no-plots)

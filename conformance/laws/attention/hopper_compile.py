@@ -48,13 +48,14 @@ BACKWARD_SHAPE = (2, 8, 300, 64)
 def plan_cases(mutants: dict) -> dict:
     """Cases (pass, (B, H, N, d), dtype, causal, deterministic, kept mutant) in groups, one child
     process each.  Between them they give every specialisation the tables make: the persistent
-    and the split forward (B1 H1 leaves SMs idle), the five-product backward and the
+    forward of three consumers (B2 H16 N1024: a wave of 192-row items) and of two (B1 H16 N640),
+    the split forward (B1 H1 leaves SMs idle), the five-product backward and the
     deterministic seven; and each kept mutant of the schedule's kernel (``mutants``: the
     module's MUTANTS), whose rejection on a GPU means something only if it compiles (a mutant
     that failed to compile would be "rejected" by any law)."""
     forward = {
         f"forward-d{d}": [("forward", shape, dtype, causal, False, 0)
-                          for shape in ((2, 16, 1024, d), (1, 1, 2048, d)) for causal in (False, True)
+                          for shape in ((2, 16, 1024, d), (1, 16, 640, d), (1, 1, 2048, d)) for causal in (False, True)
                           for dtype in (("bfloat16", "float16") if shape[0] == 2 and causal else ("bfloat16",))]
         for d in (64, 128)
     }
@@ -64,7 +65,8 @@ def plan_cases(mutants: dict) -> dict:
                            for dtype in (("bfloat16", "float16") if not causal and not deterministic else ("bfloat16",))]
         for d in (64, 128)
     }
-    kept = [("forward", (2, 16, 1024, 64), "bfloat16", True, False, mutants[name])
+    kept = [("forward", shape, "bfloat16", True, False, mutants[name])  # both forwards: three consumers, two
+            for shape in ((2, 16, 1024, 64), (1, 16, 640, 64))
             for name in ("v_slot_freed_before_its_product", "ready_phase_off_by_one", "rescale_skipped",
                          "q_freed_before_its_last_scores")]
     kept += [("forward", (1, 1, 2048, 64), "bfloat16", False, False, mutants["discarded_split_counted"])]
@@ -233,7 +235,8 @@ def report(cases, extra_backward_stages=0, overlap_head_dims=OVERLAP_HEAD_DIMS):
                 rows.append((case, name, [f"{name}: does not compile: {_why(exc)}"]))
                 continue
             problems = check_fits_hopper(name, compiled)
-            if name == "_flash_fwd_kernel" and case[1][3] in overlap_head_dims:
+            # the two-consumer forward (OVERLAP); the three-consumer one runs a product at a time
+            if name == "_flash_fwd_kernel" and case[1][3] in overlap_head_dims and launch.constexprs.get("OVERLAP"):
                 try:
                     problems += check_softmax_overlaps_pv(name, sass(compiled))
                 except (OSError, subprocess.CalledProcessError) as exc:
