@@ -5,7 +5,11 @@ under ncu at one clock the two were level.  So: each implementation's pass run b
 a few seconds, its steady time per call read by CUDA events, beside the SM clock and board power
 that ``nvidia-smi`` samples every 20 ms over the same window, and the energy a call takes.
 
-    PYTHONPATH=. python perf/scripts/attention_power.py [--seconds 3] [--repeats 2]
+    PYTHONPATH=. python perf/scripts/attention_power.py [--seconds 3] [--repeats 2] [--variant NAME=SOURCE ...]
+
+--variant adds a copy of flash_gluon.py (a path, or a module name) as implementation NAME, its
+FlashAttentionGluon called as the flavour is (perf/scripts/gluon_ab.py's loader), so that a
+schedule change is read at the cap beside the module now and cuDNN's, in one run.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import time
 import torch
 import triton
 
-from perf.bench.attention import make_impl, pass_fn
+from perf.bench.attention import AttentionImpl, make_impl, pass_fn
 from perf.lib.workloads import cuda_attention_inputs
 
 QUERY = "power.draw,clocks.sm,temperature.gpu,{reasons}.active"
@@ -117,6 +121,7 @@ def main() -> None:
     parser.add_argument("--passes", nargs="+", default=["forward", "forward_backward"])
     parser.add_argument("--shape", type=int, nargs=4, default=[4, 16, 4096, 128], metavar=("B", "H", "N", "D"))
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=SOURCE")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     print(subprocess.run(["nvidia-smi", "--query-gpu=power.limit,clocks.max.sm", "--format=csv"],
@@ -124,6 +129,12 @@ def main() -> None:
     sampler = Sampler()
     q, k, v, do = cuda_attention_inputs(*args.shape)
     impls = {name: make_impl(name) for name in args.impls}
+    for text in args.variant:
+        from perf.scripts.gluon_ab import variant
+
+        name, module = variant(text)
+        impls[name] = AttentionImpl(name, lambda q, k, v, causal=True, m=module: m.FlashAttentionGluon.apply(q, k, v, causal))
+        args.impls.append(name)
     print(f"B H N d = {args.shape}, causal {args.causal}; {args.seconds} s a block, steady = its last two thirds")
     print("| pass | impl | block | steady us/call | first 20 us/call | SM MHz | board W | mJ/call | C "
           "| nvidia-smi samples | event reasons |")
