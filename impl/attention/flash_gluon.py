@@ -40,7 +40,7 @@ Schedule
     time, _fwd_tiles_in_turn, while the others' fill the tensor cores) in rounds
     (_round_item), and its loader brings the next item's Q, K and V while the consumers
     finish the last item's products and store
-    its O (Q is reloaded once both consumers' last S has retired; the ring's count runs on
+    its O (Q is reloaded once every consumer's last S has retired; the ring's count runs on
     across items).  Causal grids whose heads run in groups get one program an item instead
     (_forward_programs: static rounds would not balance their items).  Grids whose query
     tiles leave SMs idle (batch 1, one head: CS336's sweep) cut each tile's keys into splits
@@ -348,7 +348,7 @@ if GLUON_IMPORT_ERROR is None:
                     v_empty, n_m_tiles, n_bh, group_heads, H, n_q, n_k, n_splits, chunk,
                     IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     SPLIT: gl.constexpr):
-        """The loader warp: per work item of this program, Q once both consumers are done with
+        """The loader warp: per work item of this program, Q once every consumer is done with
         the last one's, then its K and V tiles into the ring (one count across items, so the
         next item's first tiles land while the consumers finish the last one)."""
         Q_PARTS: gl.constexpr = BLOCK_M // q_desc.block_type.shape[2]
