@@ -29,7 +29,7 @@ DESCRIPTOR_ROWS = {
 }
 
 
-def _forward_config(bh, n_q, n_k, d, causal):
+def _forward_config(bh, n_q, d):
     """The forward's config for a grid: WIDE_FORWARD_CONFIGS' (192-row items, three consumers)
     where those items fill every SM at least once, FORWARD_CONFIGS' elsewhere."""
     wide = fg.WIDE_FORWARD_CONFIGS[d]
@@ -150,7 +150,7 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
     assert fused == (not deterministic)  # five products at both head dims outside deterministic mode
     assert [c[0] for c in launches] == list(kernels)
     for name, grid, args, options in launches:
-        cfg = tables[name] if name != "_flash_fwd_kernel" else _forward_config(bh, n_q, n_k, d, causal)
+        cfg = tables[name] if name != "_flash_fwd_kernel" else _forward_config(bh, n_q, d)
         assert (args["BLOCK_M"], args["BLOCK_N"], args["STAGES"], args["HEAD_DIM"]) == (
             cfg.block_m, cfg.block_n, cfg.stages, d), name
         assert args["num_warps"] == cfg.num_warps and options == {"maxnreg": cfg.maxnreg}, name
