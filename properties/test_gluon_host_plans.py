@@ -201,7 +201,10 @@ def test_every_launch_binds_to_its_kernel_with_the_tables_tiles(launches, determ
     ((1, 16, 640, 128), True, False),  # 80 query tiles of 128 rows, 64 items of 192: fewer than the SMs
     ((1, 1, 128, 128), False, False),  # one tile
 ])
-def test_forwards_without_key_splits_run_three_consumers_of_64_rows(launches, shape, causal, wide):
+def test_forwards_of_a_wave_of_192_row_items_run_three_consumers_of_64_rows(launches, shape, causal, wide):
+    """A forward whose grid has at least a wave of 192-row work items (one an SM) runs them over
+    three consumers of 64 rows, Q in three 64-row boxes and no key splits; a smaller grid, split or
+    not, runs 128-row tiles over two consumers; a kept mutant takes the kernel the grid takes."""
     q = torch.empty(shape, dtype=torch.bfloat16)
     fg.flash_forward(q, q, q, causal)
     (name, grid, args, _), = launches
