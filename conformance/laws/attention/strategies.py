@@ -308,22 +308,26 @@ def boundary_cases(budget: Budget, flavour: str = "pytorch") -> list[AttentionCa
     # One head, a ragged thousand keys, causal: a grid of a few query tiles, where a kernel may cut
     # each tile's keys into splits to fill the GPU and merge their partial sums (split-KV, as
     # SDPA's flash backend does); causal tiles near the start have fewer keys than splits.
-    # And, for a kernel flavour, 40 batch-heads of the same length (causal in bf16 at d 64, full
-    # in fp16 at d 128): 320 query tiles of 128 rows, more than twice the SMs of any GPU, so a
-    # persistent kernel's programs each walk several work items (what carries over from one item to the
+    # And, for a kernel flavour, 40 batch-heads of the same length, at each head dim, causal and
+    # full: 320 query tiles of 128 rows, more than twice the SMs of any GPU, so a persistent
+    # kernel's programs each walk several work items (what carries over from one item to the
     # next: Q's buffer, the ring's count, barrier phases), and kernels that pick tiles by the
     # grid's size take their full-GPU ones, as at training sizes (random draws stay under one
-    # wave).  Not the PyTorch flavour's: a grid is a kernel's, and a student's tile loops in
-    # Python would spend the law's budget on 40 heads.
+    # wave).  Kernels specialise on the head dim and the mask together, so all four are tried.
+    # Not the PyTorch flavour's: a grid is a kernel's, and a student's tile loops in Python
+    # would spend the law's budget on 40 heads.
     if budget.max_len >= SPLIT_KEYS_LEN:
         cases.append(AttentionCase((1,), SPLIT_KEYS_LEN, SPLIT_KEYS_LEN, 64, torch.float32, True, None, 1.0,
                                    "contiguous", 4000))
     if budget.max_len >= SPLIT_KEYS_LEN and flavour in KERNEL_FLAVOURS:
-        # Causal at d 64 and full at d 128, as the two tracked shapes (the leaderboard's and B4 H16
-        # N4096's); the second as a user runs it, outside deterministic mode (a backward's atomic form).
-        for seed, (d, dtype, causal) in enumerate(((64, torch.bfloat16, True), (128, torch.float16, False)), 4001):
+        # The two tracked shapes' forms first (the leaderboard's d 64 causal, in torch's
+        # deterministic mode; B4 H16 N4096's d 128 full, as a user runs it: a backward's atomic
+        # form), then the other two, as a user runs them, each dim in both 16-bit dtypes.
+        many = ((64, torch.bfloat16, True, True), (128, torch.float16, False, False),
+                (64, torch.float16, False, False), (128, torch.bfloat16, True, False))
+        for seed, (d, dtype, causal, poisoned) in enumerate(many, 4001):
             cases.append(AttentionCase(MANY_ITEMS_BATCH, SPLIT_KEYS_LEN, SPLIT_KEYS_LEN, d, dtype, causal, None, 1.0,
-                                       "contiguous", seed, poisoned=causal))
+                                       "contiguous", seed, poisoned=poisoned))
     return sorted((fit_to_budget(c, budget) for c in cases), key=case_work)  # cheapest first (check_law)
 
 
