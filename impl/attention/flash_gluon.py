@@ -186,6 +186,16 @@ if GLUON_IMPORT_ERROR is None:
         return bufs.index(slot).reshape([BLOCK, HEAD_DIM])
 
     @gluon.jit
+    def _fixed_tile_at(one_slot, i, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """The tile a program keeps for its whole loop (a ring of one slot), seen as a matrix at
+        iteration i through the index i >> 30: 0 for any loop of fewer than 2^30 tiles, but not a
+        constant to the compiler.  So the wgmma descriptors of its products' k-steps (64 bits each,
+        16 for K and V at d 128) are formed again each iteration from the slot's address, a few
+        uniform-register adds, instead of being held in registers across the loop: the d 128
+        dK/dV consumers spilled them (68 bytes full, 204 causal; 12-26 reloads an iteration)."""
+        return _tile(one_slot, i >> 30, BLOCK, HEAD_DIM)
+
+    @gluon.jit
     def _tile_and_head(n_tiles, group_heads):
         """This program's tile and batch-head in a one-dimensional grid of n_tiles * B * H
         (_tile_and_head_at)."""
@@ -849,7 +859,7 @@ if GLUON_IMPORT_ERROR is None:
                  dv.to(dtype), mask=in_rows)
 
     @gluon.jit
-    def _bwd_dkdv_rows_consumer(k_tile, v_tile, k_full, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready,
+    def _bwd_dkdv_rows_consumer(k_slot, v_slot, fixed_bar, q_bufs, do_bufs, q_ready, q_empty, do_ready,
                                 do_empty, dk_ptr, dv_ptr, stats, stats_ready, b_i, h_i, key_start, first_tile, n_q,
                                 n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
                                 stride_vb, stride_vh, stride_vn, p_smem, ds_bufs, ds_full, ds_free, dq_smem,
@@ -862,17 +872,16 @@ if GLUON_IMPORT_ERROR is None:
         products read them transposed; dS fills this consumer's half (its keys) of a slot of
         ds_bufs, and once both halves are in (ds_full), each consumer forms dQ_i's columns
         WG * d/2 .. (WG + 1) * d/2 over all the program's keys and adds them into dQ by a TMA
-        reduction; the slot is free once both products have retired (ds_free, count 2)."""
+        reduction; the slot is free once both products have retired (ds_free, count 2).
+        k_slot and v_slot: the program's K and V (both consumers' keys), rings of one slot
+        (_fixed_tile_at)."""
         s_layout: gl.constexpr = _mma_layout(BLOCK_N, 4)  # rows: a tile of queries; columns: this consumer's keys
         kv_layout: gl.constexpr = _mma_layout(HEAD_DIM, 4)
         DQ_COLS: gl.constexpr = HEAD_DIM // 2
         dq_layout: gl.constexpr = _mma_layout(DQ_COLS, 4)
-        dtype: gl.constexpr = k_tile.dtype
+        dtype: gl.constexpr = k_slot.dtype
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         keys = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        # dQ's columns of this consumer: K's rows of each consumer's keys, this consumer's columns
-        k_lo = k_full.slice(0, BLOCK_N, dim=0).slice(WG * DQ_COLS, DQ_COLS, dim=1)
-        k_hi = k_full.slice(BLOCK_N, BLOCK_N, dim=0).slice(WG * DQ_COLS, DQ_COLS, dim=1)
 
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         dq_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout)
@@ -887,6 +896,12 @@ if GLUON_IMPORT_ERROR is None:
             in_q = queries < n_q
             q_tile = _tile(q_bufs, slot, BLOCK_M, HEAD_DIM)
             do_tile = _tile(do_bufs, slot, BLOCK_M, HEAD_DIM)
+            k_all = _fixed_tile_at(k_slot, i, 2 * BLOCK_N, HEAD_DIM)
+            k_tile = k_all.slice(WG * BLOCK_N, BLOCK_N)  # this consumer's keys
+            v_tile = _fixed_tile_at(v_slot, i, 2 * BLOCK_N, HEAD_DIM).slice(WG * BLOCK_N, BLOCK_N)
+            # dQ's columns of this consumer: K's rows of each consumer's keys, this consumer's columns
+            k_lo = k_all.slice(0, BLOCK_N, dim=0).slice(WG * DQ_COLS, DQ_COLS, dim=1)
+            k_hi = k_all.slice(BLOCK_N, BLOCK_N, dim=0).slice(WG * DQ_COLS, DQ_COLS, dim=1)
             mbarrier.wait(q_ready.index(slot), phase)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(do_ready.index(slot), phase)
@@ -960,8 +975,10 @@ if GLUON_IMPORT_ERROR is None:
         n_tiles = n_q_tiles - first_tile
 
         dtype: gl.constexpr = k_desc.dtype
-        k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+        k_slot = gl.allocate_shared_memory(dtype, [1] + k_desc.block_type.shape, k_desc.layout)  # rings of one
+        v_slot = gl.allocate_shared_memory(dtype, [1] + v_desc.block_type.shape, v_desc.layout)  # (_fixed_tile_at)
+        k_smem = k_slot.index(0)
+        v_smem = v_slot.index(0)
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
         fixed_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -1001,13 +1018,13 @@ if GLUON_IMPORT_ERROR is None:
         v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
         if ROWS:
             gl.warp_specialize([
-                (_bwd_dkdv_rows_consumer, (k_tile.slice(0, KEYS), v_tile.slice(0, KEYS), k_tile, fixed_bar,
+                (_bwd_dkdv_rows_consumer, (k_slot, v_slot, fixed_bar,
                                            q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                                            dk_ptr, dv_ptr, stats, stats_ready, b_i, h_i, key_start, first_tile, n_q,
                                            n_k, n_tiles, qk_scale, sm_scale, stride_kb, stride_kh, stride_kn,
                                            stride_vb, stride_vh, stride_vn, p_0, ds_bufs, ds_full, ds_free,
                                            dq_0, dqacc_desc, IS_CAUSAL, BLOCK_M, KEYS, HEAD_DIM, STAGES, 0, MUTANT)),
-                (_bwd_dkdv_rows_consumer, (k_tile.slice(KEYS, KEYS), v_tile.slice(KEYS, KEYS), k_tile, fixed_bar,
+                (_bwd_dkdv_rows_consumer, (k_slot, v_slot, fixed_bar,
                                            q_bufs, do_bufs, q_ready, q_empty, do_ready, do_empty,
                                            dk_ptr, dv_ptr, stats, stats_ready, b_i, h_i, key_start + KEYS,
                                            first_tile, n_q, n_k, n_tiles, qk_scale, sm_scale,

@@ -38,7 +38,11 @@ step probe "${PROBE_S:-300}" python perf/scripts/gluon_probe.py
 # example), it took 393 s on a fresh H200 with the hang limit at 150 s (perf/results/2026-11-28-h200-gluon-law-clock).
 # The progress log names every finished test with its seconds and Triton's compiling (a cut step too);
 # margins/margins.md, how close each law came to the oracle's bound on our kernel (bf16 on the GPU).
-step laws "${LAWS_S:-480}" env GATE_PROGRESS="$OUT/progress" python -m pytest -n 12 -p no:cacheprovider -q \
+# Longest first (perf/gate/longest_first.py, by the seconds in perf/gate/durations.json): with the
+# 40-head cases at all four head dims and masks, the collection's order took 502 s of which one
+# control ran 332 alone at the end (perf/results/2026-11-29-h200-laws-longest-first).
+order=(--dist load --maxschedchunk 1 -p perf.gate.longest_first)
+step laws "${LAWS_S:-480}" env GATE_PROGRESS="$OUT/progress" python -m pytest -n 12 "${order[@]}" -p no:cacheprovider -q \
     -p perf.gate.progress_log -p conformance.margins --margins-out "$OUT/margins" --device cuda --hypothesis-profile ci \
     properties/test_attention.py conformance/spec/test_attention.py conformance/selftests/test_mutants.py \
     -k "gluon or v_slot_freed or ready_phase or rescale_skipped or last_dq or discarded_split or q_freed or graph_keyed or bound_key or stats_read" -rfEsp --conformance-report "$OUT/report"
@@ -48,7 +52,7 @@ step laws "${LAWS_S:-480}" env GATE_PROGRESS="$OUT/progress" python -m pytest -n
 # Gluon kernels at every grid.  And the three-consumer forward off (LLM_SYSTEMS_GLUON_WIDE_FORWARD=0),
 # so that the two-consumer one meets them at grids of many work items too (the laws' 40 heads).
 step laws_kernels "${LAWS_KERNELS_S:-400}" env LLM_SYSTEMS_GLUON_ONE_LAUNCH=0 LLM_SYSTEMS_GLUON_WIDE_FORWARD=0 \
-    python -m pytest -n 12 -p no:cacheprovider -q \
+    python -m pytest -n 12 "${order[@]}" -p no:cacheprovider -q \
     --device cuda --hypothesis-profile ci properties/test_attention.py conformance/spec/test_attention.py \
     -k gluon -rfEsp
 common=(--device cuda --dtypes bf16 --impls gluon triton sdpa_flash sdpa_cudnn --rounds 3 --no-plots)

@@ -14,8 +14,8 @@ def test_arrange_puts_the_longest_first_and_pairs_the_first_hand_out():
     seconds = {f"t{i}": s for i, s in enumerate([1, 9, 3, 8, 2, 7, 0, 6, 5, 4])}
     order = arrange(list(seconds), seconds.get, 2)
     assert sorted(order) == sorted(seconds)  # a permutation
-    # two workers: the first hand-out is (1st, 3rd) to one and (2nd, 4th) to the other
-    assert [seconds[t] for t in order] == [9, 7, 8, 6, 5, 4, 3, 2, 1, 0]
+    # two workers: the first hand-out is (longest, shortest) to one and (2nd, 2nd shortest) to the other
+    assert [seconds[t] for t in order] == [9, 0, 8, 1, 7, 6, 5, 4, 3, 2]
     assert [seconds[t] for t in arrange(list(seconds), seconds.get, 1)] == sorted(seconds.values(), reverse=True)
 
 
@@ -31,6 +31,14 @@ def test_the_load_scheduling_model_on_cases_worked_by_hand():
     assert simulate_load([5, 5, 1, 1, 1, 1, 1, 1], 2) == 10
     assert simulate_load(arrange([5, 5, 1, 1, 1, 1, 1, 1], float, 2), 2) == 8
     assert simulate_load([3, 2], 4) == 3  # fewer than two a worker: one each
+
+
+def test_a_long_test_waits_behind_no_other_long_one_at_the_first_hand_out():
+    # three long tests on two workers (25 s: at best 13): the longest's queued partner is a short
+    # one, where pairing it with the third longest ran them back to back
+    seconds = [10, 6, 5, 1, 1, 1, 1]
+    assert simulate_load([10, 5, 6, 1, 1, 1, 1], 2) == 15  # (1st, 3rd) and (2nd, 4th)
+    assert simulate_load(arrange(seconds, float, 2), 2) == 13
 
 
 def test_the_plugin_reorders_a_workers_collection_by_the_recorded_seconds(tmp_path, monkeypatch):
