@@ -69,9 +69,11 @@ Schedule
     and the one whose turn it was stages the partial after issuing the next tile's S and dP.
     d 128: five products too, with scores in query rows (S = Q K^T; a row's L and
     D take a thread 2 registers, not 16); P and dS go through shared memory for the dV and
-    dK products, and each consumer adds half of dQ_i's columns.  The reductions land in a
-    varying order, so dQ may differ in its last bits between calls; dK and dV are the same
-    bits on every call.  Under torch.use_deterministic_algorithms(True): seven products,
+    dK products, and each consumer adds half of dQ_i's columns.  The consumers see K and V
+    through a one-slot ring at an index the compiler cannot fold (_fixed_tile_at), so the
+    operands' wgmma descriptors are formed each tile, not held (spilled) in registers.  The
+    reductions land in a varying order, so dQ may differ in its last bits between calls; dK
+    and dV are the same bits on every call.  Under torch.use_deterministic_algorithms(True): seven products,
     deterministic; a dQ kernel (one program per query tile, K_j and V_j from the ring)
     that first stores D, then the dK/dV kernel without dQ.
     Small grids (ONE_LAUNCH_CONFIGS: at most a wave of SMs at d 64, half one at d 128, dQ and
