@@ -39,10 +39,11 @@ step probe "${PROBE_S:-300}" python perf/scripts/gluon_probe.py
 # The progress log names every finished test with its seconds and Triton's compiling (a cut step too);
 # margins/margins.md, how close each law came to the oracle's bound on our kernel (bf16 on the GPU).
 # Longest first (perf/gate/longest_first.py, by the seconds in perf/gate/durations.json): with the
-# 40-head cases at all four head dims and masks, the collection's order took 502 s of which one
-# control ran 332 alone at the end (perf/results/2026-11-29-h200-laws-longest-first).
+# 40-head cases at all four head dims and masks, the collection's order took 502 s on an H200, one
+# control running 332 s alone at the end; longest first, 446 s (the long tests, side by side on one
+# GPU, each took longer: perf/results/2026-11-29-h200-backward-descriptors).
 order=(--dist load --maxschedchunk 1 -p perf.gate.longest_first)
-step laws "${LAWS_S:-480}" env GATE_PROGRESS="$OUT/progress" python -m pytest -n 12 "${order[@]}" -p no:cacheprovider -q \
+step laws "${LAWS_S:-520}" env GATE_PROGRESS="$OUT/progress" python -m pytest -n 12 "${order[@]}" -p no:cacheprovider -q \
     -p perf.gate.progress_log -p conformance.margins --margins-out "$OUT/margins" --device cuda --hypothesis-profile ci \
     properties/test_attention.py conformance/spec/test_attention.py conformance/selftests/test_mutants.py \
     -k "gluon or v_slot_freed or ready_phase or rescale_skipped or last_dq or discarded_split or q_freed or graph_keyed or bound_key or stats_read" -rfEsp --conformance-report "$OUT/report"
