@@ -73,9 +73,9 @@ Schedule
     through a one-slot ring at an index the compiler cannot fold (_fixed_tile_at), so the
     operands' wgmma descriptors are formed each tile, not held (spilled) in registers.  The
     reductions land in a varying order, so dQ may differ in its last bits between calls; dK
-    and dV are the same bits on every call.  Under torch.use_deterministic_algorithms(True): seven products,
-    deterministic; a dQ kernel (one program per query tile, K_j and V_j from the ring)
-    that first stores D, then the dK/dV kernel without dQ.
+    and dV are the same bits on every call.  Under torch.use_deterministic_algorithms(True):
+    seven products, deterministic; a dQ kernel (one program per query tile, K_j and V_j from
+    the ring) that first stores D, then the dK/dV kernel without dQ.
     Small grids (ONE_LAUNCH_CONFIGS: at most a wave of SMs at d 64, half one at d 128, dQ and
     dK/dV programs counted together): the backward is the Triton flavour's one-launch kernel
     instead, its dQ programs and dK/dV programs in one grid, each computing the D rows it needs

@@ -13,9 +13,10 @@ worker one more test as each of its tests ends (``--maxschedchunk 1``), runs clo
 longest-processing-time-first.  Its first hand-out is two consecutive tests a worker, and the
 second waits behind the first, so the first 2 x workers places pair the i-th longest with the
 i-th shortest: on the Gluon tier's laws (60 tests, the longest 332 s of 3421 worker-seconds on
-12 workers) that models at 332 s, where pairing it with the (workers + i)-th longest gave 431
-and the collection's order 502 (the run took 502); on the gate's durations the two pairings
-model alike.
+12 workers, 502 s in the collection's order) that models at 332 s, where pairing it with the
+(workers + i)-th longest gave 431; on the gate's durations the two pairings model alike.  Run
+so on an H200 the tier took 446 s: its longest tests, side by side on one GPU, each took longer
+(4735 worker-seconds), which a model of fixed seconds does not see.
 Every worker reorders alike (xdist requires identical collections); verdicts do not depend on
 the order.  ``simulate_load`` models that scheduler: on run 29's and 30's durations, in node-id
 order (a stand-in for the collection's), it gives 230 and 265 s (the runs took 229 and 264),
