@@ -7,7 +7,9 @@ block, its consumer and loader partitions really warp-specialised (the schedule 
 docstring describes), their registers handed out by ``setmaxnreg``.  No GPU is needed: a
 kernel that no longer compiles, or a table entry whose buffers overflow shared memory, fails
 in CI instead of on the first Hopper machine.  The d 128 forward's loop must also run its
-softmax under the P V product (``check_softmax_overlaps_pv``: ptxas hoists the wait otherwise).
+softmax under the P V product (``check_softmax_overlaps_pv``: ptxas hoists the wait otherwise),
+and the three-consumer forward and the d 128 five-product dK/dV kernel must not spill
+(``check_no_spills``: the latter's held descriptors once cost it 3.5-6.2 %).
 The laws that run the kernels stay "not run here" without one."""
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ if fg.GLUON_IMPORT_ERROR is not None:  # pragma: no cover - a Triton without Glu
     pytest.skip(f"not run here: this Triton has no Gluon ({fg.GLUON_IMPORT_ERROR})", allow_module_level=True)
 
 from conformance.laws.attention.hopper_compile import (  # noqa: E402
-    BACKWARD_SHAPE, HOPPER_SHARED_BYTES, check_fits_hopper, check_softmax_overlaps_pv, compile_in_child, plan_cases, ptxas_missing)
+    BACKWARD_SHAPE, HOPPER_SHARED_BYTES, check_fits_hopper, check_no_spills, check_softmax_overlaps_pv, compile_in_child,
+    plan_cases, ptxas_missing)
 
 GROUPS = plan_cases(fg.MUTANTS)
 PTXAS_MISSING = ptxas_missing()
@@ -59,6 +62,30 @@ def test_a_forward_whose_softmax_waits_for_its_pv_product_is_caught():
     [(_, name, problems)] = rows
     assert name == "_flash_fwd_kernel" and any("waits for every product before its softmax" in p
                                                for p in problems), rows
+
+
+@needs_ptxas
+def test_a_dkdv_kernel_holding_its_fixed_tiles_descriptors_in_registers_is_caught():
+    """The spill check can fail, on the bug it exists for: K and V seen at the constant slot 0, so
+    the compiler holds their wgmma descriptors across the loop (as before _fixed_tile_at), and
+    the d 128 five-product dK/dV kernel spills; with the module's own view it does not."""
+    case = ("backward", BACKWARD_SHAPE[:3] + (128,), "bfloat16", True, False, 0)
+    [(_, name, problems)] = compile_in_child([case], fixed_tiles_held=True)
+    assert name == "_flash_bwd_dkdv_kernel" and any("local-memory" in p for p in problems), problems
+    [(_, name, problems)] = compile_in_child([case])
+    assert name == "_flash_bwd_dkdv_kernel" and problems == [], problems
+
+
+def test_the_spill_check_names_local_memory_and_a_sass_without_the_kernel():
+    """On SASS text alone: a loop of wgmma and shared-memory loads passes; a spill reload or store
+    (LDL, STL, any width) is counted; a SASS without a wgmma is named, so it never passes on nothing."""
+    loop = "HGMMA.64x64x16.F32.BF16 R152, gdesc[UR44], RZ, !UPT ;\nLDS.128 R4, [R2] ;\nULDC UR4, c[0x0][0x0] ;\n"
+    assert check_no_spills("k", loop) == []
+    spilled = loop + "LDL.64 R20, [R1+0x18] ;\nLDL R12, [R1+0x2c] ;\nSTL [R1+0x8], R224 ;\n"
+    [problem] = check_no_spills("k", spilled)
+    assert "3 local-memory" in problem and "2 LDL, 1 STL" in problem, problem
+    [problem] = check_no_spills("k", "")
+    assert "no wgmma" in problem
 
 
 def test_the_fit_check_names_each_thing_a_kernel_lacks():

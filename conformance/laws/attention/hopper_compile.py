@@ -203,6 +203,45 @@ def check_softmax_overlaps_pv(name, sass_text: str) -> list[str]:
     return []
 
 
+# Kernels whose registers must hold without spilling (no local-memory load or store in their
+# SASS): the three-consumer forward (160 registers a consumer, sized to fit:
+# perf/results/2026-11-29-h200-three-consumer-forward/) and the d 128 five-product dK/dV kernel,
+# whose K and V wgmma descriptors, held across the loop, spilled 68-204 bytes and cost its
+# backward 3.5 % (full) and 6.2 % (causal) on an H200 until they were formed each tile
+# (flash_gluon._fixed_tile_at; perf/results/2026-11-29-h200-backward-descriptors/).  The
+# deterministic d 128 dK/dV kernel still spills (36-88 bytes): not held to it.
+SPILL_FREE = ("three_consumer_forward", "d128_fused_backward")
+
+
+def _held_spill_free(name, case, launch, kinds) -> bool:
+    d = case[1][3]
+    return (("three_consumer_forward" in kinds and name == "_flash_fwd_kernel" and launch.constexprs.get("CONSUMERS") == 3)
+            or (name == "_flash_bwd_dkdv_kernel" and d == 128
+                and (("d128_fused_backward" in kinds and launch.constexprs.get("FUSE_DQ"))
+                     or ("d128_deterministic_backward" in kinds and not launch.constexprs.get("FUSE_DQ")))))
+
+
+def check_no_spills(name, sass_text: str) -> list[str]:
+    """No local-memory load or store (LDL, STL: ptxas's spills; these kernels keep no local
+    arrays).  A SASS without a wgmma is named too: the check must see the kernel it vouches for."""
+    if "HGMMA" not in sass_text:
+        return [f"{name}: no wgmma (HGMMA) in its SASS: not the kernel the spill check is for"]
+    spills = re.findall(r"\b(?:LDL|STL)(?:\.[\w.]+)?\s", sass_text)
+    if spills:
+        return [f"{name}: {len(spills)} local-memory loads and stores in its SASS (spilled registers: "
+                f"{sum(s.startswith('LDL') for s in spills)} LDL, {sum(s.startswith('STL') for s in spills)} STL)"]
+    return []
+
+
+def _hold_fixed_tiles_in_registers(module) -> None:
+    """The spill check's own mutant: the program's fixed K and V seen at the constant slot 0, so
+    the compiler forms their descriptors once before the loop and holds them (as before
+    flash_gluon._fixed_tile_at)."""
+    from conformance.laws.attention.held_fixed_tiles import fixed_tile_at_slot_0
+
+    module._fixed_tile_at = fixed_tile_at_slot_0
+
+
 def _why(exc: BaseException) -> str:
     """A compile error in a line or two: Triton's CompilationError opens with the kernel's source
     around the failing line; its cause says what failed."""
@@ -212,14 +251,19 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(text[-1].split())[:400]}"
 
 
-def report(cases, extra_backward_stages=0, overlap_head_dims=OVERLAP_HEAD_DIMS):
+def report(cases, extra_backward_stages=0, overlap_head_dims=OVERLAP_HEAD_DIMS, spill_free=SPILL_FREE,
+           fixed_tiles_held=False):
     """Per Gluon kernel of each case's plan (impl's flavour): (case, kernel name, what it lacks,
     or why it did not compile).  ``extra_backward_stages``: the five-product backward's table
     entries with that many more ring slots (the check's own mutant).  ``overlap_head_dims``:
-    the forwards held to check_softmax_overlaps_pv.  Changes the module's tables and its Hopper
-    check: for a process of its own (``compile_in_child``)."""
+    the forwards held to check_softmax_overlaps_pv.  ``spill_free``: the kernels held to
+    check_no_spills (SPILL_FREE's names, or "d128_deterministic_backward");
+    ``fixed_tiles_held``: that check's own mutant (_hold_fixed_tiles_in_registers).  Changes the
+    module's tables and its Hopper check: for a process of its own (``compile_in_child``)."""
     module = importlib.import_module("impl.attention.flash_gluon")
     cpu_plans(module)
+    if fixed_tiles_held:
+        _hold_fixed_tiles_in_registers(module)
     if extra_backward_stages:
         for d, cfg in list(module.BACKWARD_FUSED_CONFIGS.items()):
             module.BACKWARD_FUSED_CONFIGS[d] = dataclasses.replace(cfg, stages=cfg.stages + extra_backward_stages)
@@ -241,15 +285,22 @@ def report(cases, extra_backward_stages=0, overlap_head_dims=OVERLAP_HEAD_DIMS):
                     problems += check_softmax_overlaps_pv(name, sass(compiled))
                 except (OSError, subprocess.CalledProcessError) as exc:
                     problems.append(f"{name}: its SASS could not be read (cuobjdump): {exc}")
+            if _held_spill_free(name, case, launch, spill_free):
+                try:
+                    problems += check_no_spills(name, sass(compiled))
+                except (OSError, subprocess.CalledProcessError) as exc:
+                    problems.append(f"{name}: its SASS could not be read (cuobjdump): {exc}")
             rows.append((case, name, problems))
     return rows
 
 
-def compile_in_child(cases, extra_backward_stages=0, overlap_head_dims=OVERLAP_HEAD_DIMS, timeout=900):
+def compile_in_child(cases, extra_backward_stages=0, overlap_head_dims=OVERLAP_HEAD_DIMS, spill_free=SPILL_FREE,
+                     fixed_tiles_held=False, timeout=900):
     """``report`` run in a child process without TRITON_INTERPRET; its rows (cases as JSON lists)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     request = {"cases": cases, "extra_backward_stages": extra_backward_stages,
-               "overlap_head_dims": list(overlap_head_dims)}
+               "overlap_head_dims": list(overlap_head_dims), "spill_free": list(spill_free),
+               "fixed_tiles_held": fixed_tiles_held}
     run = subprocess.run([sys.executable, "-m", "conformance.laws.attention.hopper_compile"],
                          input=json.dumps(request),
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
@@ -261,4 +312,5 @@ def compile_in_child(cases, extra_backward_stages=0, overlap_head_dims=OVERLAP_H
 if __name__ == "__main__":  # the child: a request on stdin, the rows on stdout
     request = json.load(sys.stdin)
     print(json.dumps(report([tuple(c) for c in request["cases"]], request.get("extra_backward_stages", 0),
-                            tuple(request.get("overlap_head_dims", OVERLAP_HEAD_DIMS)))))
+                            tuple(request.get("overlap_head_dims", OVERLAP_HEAD_DIMS)),
+                            tuple(request.get("spill_free", SPILL_FREE)), request.get("fixed_tiles_held", False))))
