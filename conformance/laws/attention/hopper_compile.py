@@ -214,11 +214,10 @@ SPILL_FREE = ("three_consumer_forward", "d128_fused_backward")
 
 
 def _held_spill_free(name, case, launch, kinds) -> bool:
-    d = case[1][3]
+    """Whether this kernel of this case is one of ``kinds`` (SPILL_FREE's names)."""
     return (("three_consumer_forward" in kinds and name == "_flash_fwd_kernel" and launch.constexprs.get("CONSUMERS") == 3)
-            or (name == "_flash_bwd_dkdv_kernel" and d == 128
-                and (("d128_fused_backward" in kinds and launch.constexprs.get("FUSE_DQ"))
-                     or ("d128_deterministic_backward" in kinds and not launch.constexprs.get("FUSE_DQ")))))
+            or ("d128_fused_backward" in kinds and name == "_flash_bwd_dkdv_kernel" and case[1][3] == 128
+                and bool(launch.constexprs.get("FUSE_DQ"))))
 
 
 def check_no_spills(name, sass_text: str) -> list[str]:
@@ -257,7 +256,7 @@ def report(cases, extra_backward_stages=0, overlap_head_dims=OVERLAP_HEAD_DIMS, 
     or why it did not compile).  ``extra_backward_stages``: the five-product backward's table
     entries with that many more ring slots (the check's own mutant).  ``overlap_head_dims``:
     the forwards held to check_softmax_overlaps_pv.  ``spill_free``: the kernels held to
-    check_no_spills (SPILL_FREE's names, or "d128_deterministic_backward");
+    check_no_spills (SPILL_FREE's names);
     ``fixed_tiles_held``: that check's own mutant (_hold_fixed_tiles_in_registers).  Changes the
     module's tables and its Hopper check: for a process of its own (``compile_in_child``)."""
     module = importlib.import_module("impl.attention.flash_gluon")
